@@ -1,0 +1,191 @@
+"""DQN: double, dueling, n-step, prioritized, Huber loss, clipped gradients, hard or soft targets.
+
+:class:`DQNPolicy` is what an actor runs (observation -> epsilon-greedy action, and initial
+priorities); :class:`DQNAgent` adds what only the learner needs (target network, optimiser,
+update). Transition batches follow :mod:`zmqrl.core`: the target of every transition is
+``reward + discount * Q_target(next_obs, a*)``, so n-step returns, terminations and
+truncations are all already folded into ``reward`` and ``discount``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zmqrl.agents.networks import MLPQNetwork, NatureCNNQNetwork
+from zmqrl.config import AgentConfig, ConfigError
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks cuda when present; an unavailable cuda is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"run.device: unknown device {name!r}; use cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"run.device: {name!r} requested but no CUDA device is available")
+    return device
+
+
+def build_q_network(cfg: AgentConfig, obs_space: gym.spaces.Space, num_actions: int) -> nn.Module:
+    """The Q-network the config asks for, sized for the observation space."""
+    shape = obs_space.shape or ()
+    if cfg.network == "nature_cnn":
+        if len(shape) != 3:
+            raise ConfigError(f"agent.network: nature_cnn needs (C, H, W) observations, got shape {shape}")
+        return NatureCNNQNetwork(shape[0], num_actions, cfg.dueling)
+    return MLPQNetwork(int(np.prod(shape)), num_actions, cfg.hidden, cfg.dueling)
+
+
+class DQNPolicy:
+    """Epsilon-greedy policy over a Q-network; runs in actors and for evaluation."""
+
+    def __init__(self, cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                 device: torch.device | str = "cpu", seed: int = 0) -> None:
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ConfigError(f"agent.algo: dqn needs a Discrete action space, got {action_space}")
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.num_actions = int(action_space.n)
+        torch.manual_seed(seed)
+        self.q = build_q_network(cfg, obs_space, self.num_actions).to(self.device)
+        self.rng = np.random.default_rng(seed)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(array), device=self.device)
+
+    @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions for a batch of observations."""
+        return self.q(self._tensor(obs)).argmax(dim=1).cpu().numpy()
+
+    def act(self, obs: np.ndarray, epsilon: float | np.ndarray) -> np.ndarray:
+        """Epsilon-greedy actions; ``epsilon`` is a scalar or one value per row."""
+        actions = self.greedy(obs)
+        explore = self.rng.random(len(actions)) < epsilon
+        if explore.any():
+            actions[explore] = self.rng.integers(self.num_actions, size=int(explore.sum()))
+        return actions
+
+    def params(self) -> dict[str, np.ndarray]:
+        """The Q-network parameters as named, contiguous CPU arrays."""
+        return {k: v.detach().cpu().numpy() for k, v in self.q.state_dict().items()}
+
+    def load_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Load named arrays from :meth:`params`; names and shapes must match exactly."""
+        own = self.q.state_dict()
+        if set(params) != set(own):
+            missing, extra = sorted(set(own) - set(params)), sorted(set(params) - set(own))
+            raise ValueError(f"parameter names differ: missing {missing}, unexpected {extra}")
+        for name, tensor in own.items():
+            if tuple(params[name].shape) != tuple(tensor.shape):
+                raise ValueError(f"parameter {name}: shape {params[name].shape}, expected {tuple(tensor.shape)}")
+        self.q.load_state_dict({k: torch.from_numpy(np.array(v, copy=True)) for k, v in params.items()})
+
+    @torch.no_grad()
+    def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """|TD error| with the local network standing in for the target (Ape-X actors)."""
+        q = self.q(self._tensor(batch["obs"]))
+        q_taken = q.gather(1, self._tensor(batch["action"]).long().unsqueeze(1)).squeeze(1)
+        next_q = self.q(self._tensor(batch["next_obs"])).max(dim=1).values
+        target = self._tensor(batch["reward"]) + self._tensor(batch["discount"]) * next_q
+        return (target - q_taken).abs().cpu().numpy().astype(np.float32)
+
+
+class DQNAgent(DQNPolicy):
+    """The learner's side of DQN: target network, optimiser and the update rule."""
+
+    def __init__(self, cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                 device: torch.device | str = "cpu", seed: int = 0) -> None:
+        super().__init__(cfg, obs_space, action_space, device, seed)
+        self.target = build_q_network(cfg, obs_space, self.num_actions).to(self.device)
+        self.target.load_state_dict(self.q.state_dict())
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.opt_steps = 0
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
+        """One gradient step on a sampled batch; returns metrics and |TD error| priorities."""
+        obs = self._tensor(batch["obs"])
+        action = self._tensor(batch["action"]).long().unsqueeze(1)
+        reward = self._tensor(batch["reward"]).float()
+        discount = self._tensor(batch["discount"]).float()
+        weights = self._tensor(batch["weights"]).float() if "weights" in batch else torch.ones_like(reward)
+
+        with torch.no_grad():
+            next_obs = self._tensor(batch["next_obs"])
+            target_q = self.target(next_obs)
+            if self.cfg.double:
+                next_action = self.q(next_obs).argmax(dim=1, keepdim=True)
+                next_q = target_q.gather(1, next_action).squeeze(1)
+            else:
+                next_q = target_q.max(dim=1).values
+            target = reward + discount * next_q
+
+        q = self.q(obs).gather(1, action).squeeze(1)
+        td = target - q
+        if self.cfg.loss == "huber":
+            elementwise = F.smooth_l1_loss(q, target, reduction="none")
+        else:
+            elementwise = 0.5 * td.pow(2)
+        loss = (weights * elementwise).mean()
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.max_grad_norm > 0:
+            grad_norm = float(nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm))
+        else:
+            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in self.q.parameters()
+                                                      if p.grad is not None])))
+        self.optimizer.step()
+        self.opt_steps += 1
+        if self.opt_steps % self.cfg.target_update_interval == 0:
+            self.update_target()
+
+        td_abs = td.detach().abs()
+        metrics = {"loss": loss.item(), "q_mean": q.detach().mean().item(), "td_abs_mean": td_abs.mean().item(),
+                   "grad_norm": grad_norm}
+        return metrics, td_abs.cpu().numpy().astype(np.float32)
+
+    @torch.no_grad()
+    def update_target(self) -> None:
+        """Hard copy (tau = 1) or Polyak average into the target network."""
+        tau = self.cfg.tau
+        for t, s in zip(self.target.parameters(), self.q.parameters(), strict=True):
+            if tau >= 1.0:
+                t.copy_(s)
+            else:
+                t.lerp_(s, tau)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Networks, optimiser, counters and the exploration RNG, for resuming."""
+        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
+                "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.opt_steps = int(state["opt_steps"])
+        self.rng.bit_generator.state = state["rng"]
+
+
+def make_policy(cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                device: torch.device | str = "cpu", seed: int = 0) -> DQNPolicy:
+    """The acting half of the configured algorithm."""
+    return DQNPolicy(cfg, obs_space, action_space, device, seed)
+
+
+def make_agent(cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+               device: torch.device | str = "cpu", seed: int = 0) -> DQNAgent:
+    """The configured algorithm, ready to update."""
+    return DQNAgent(cfg, obs_space, action_space, device, seed)

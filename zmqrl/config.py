@@ -1,0 +1,345 @@
+"""The run configuration: one dataclass schema, YAML load/validate/dump and ``--set`` overrides.
+
+Every section is a dataclass with a one-line docstring per field (the comment after it). The
+same schema checks YAML files, command-line overrides, the resolved ``config.yaml`` written to
+the run directory and the hyperparameter table in TensorBoard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that names the key and the file."""
+
+
+@dataclass
+class RunConfig:
+    """What this run is and where it writes."""
+
+    name: str = "run"  # a label for logs and the summary
+    seed: int = 0  # base seed: envs, networks, replay sampling and actors derive theirs from it
+    device: str = "cpu"  # torch device of the learner: cpu, cuda, cuda:1, or auto
+    run_dir: str = ""  # run directory; empty means runs/<name>-<timestamp>
+    log_level: str = "info"  # debug, info, warning, error
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to build and how."""
+
+    id: str = "CartPole-v1"  # gymnasium id
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
+    wrappers: list[str] = field(default_factory=list)  # applied in order: atari, frame_stack, ...
+    num_envs: int = 4  # envs stepped together, one batched forward per step
+    max_episode_steps: int | None = None  # overrides the registered time limit
+    frame_stack: int = 4  # frames stacked by the frame_stack wrapper
+
+
+@dataclass
+class AgentConfig:
+    """The learning algorithm and its hyperparameters."""
+
+    algo: str = "dqn"  # dqn
+    network: str = "mlp"  # mlp (vector observations) or nature_cnn (image observations)
+    hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP layer sizes
+    dueling: bool = True  # dueling value/advantage heads
+    double: bool = True  # double DQN targets
+    gamma: float = 0.99  # discount factor
+    n_step: int = 3  # n-step returns
+    lr: float = 1e-3  # Adam learning rate
+    adam_eps: float = 1e-8  # Adam epsilon
+    batch_size: int = 64  # transitions per optimisation step
+    loss: str = "huber"  # huber or mse
+    max_grad_norm: float = 10.0  # gradient clipping by global norm; 0 disables
+    target_update_interval: int = 500  # optimisation steps between target updates
+    tau: float = 1.0  # 1.0 = hard copy, < 1.0 = soft (Polyak) update every interval
+    eps_start: float = 1.0  # epsilon at the start of the schedule (single-process trainer)
+    eps_end: float = 0.05  # epsilon at the end of the schedule
+    eps_decay_steps: int = 10_000  # env steps over which epsilon decays linearly
+
+
+@dataclass
+class ReplayConfig:
+    """The replay buffer on the learner."""
+
+    capacity: int = 100_000  # transitions kept
+    prioritized: bool = True  # prioritized replay (sum-tree) instead of uniform
+    alpha: float = 0.6  # priority exponent
+    beta0: float = 0.4  # initial importance-sampling exponent
+    beta_steps: int = 20_000  # optimisation steps over which beta anneals to 1
+    priority_eps: float = 1e-6  # added to |td error| before the exponent
+
+
+@dataclass
+class TrainerConfig:
+    """Intervals and limits shared by the single-process trainer and the learner."""
+
+    warmup: int = 1000  # transitions in replay before optimisation starts
+    opt_interval: int = 1  # env steps (transitions) per optimisation step, single-process only
+    max_opts: int = 50_000  # optimisation steps, then stop
+    max_seconds: float = 0.0  # wall-clock limit in seconds; 0 means none
+    stop_return: float | None = None  # stop as soon as an evaluation mean reaches this
+    eval_interval: int = 1000  # optimisation steps between evaluations
+    eval_episodes: int = 10  # greedy episodes per evaluation
+    record_interval: int = 100  # optimisation steps between TensorBoard records
+    save_interval: int = 10_000  # optimisation steps between numbered checkpoints; 0 disables
+    sync_interval: int = 50  # optimisation steps between model publications (distributed)
+    max_samples_per_insert: float = 0.0  # learner waits for data above this ratio; 0 = off
+
+
+@dataclass
+class ActorConfig:
+    """Distributed actors (Ape-X style)."""
+
+    n_buffer: int = 256  # transitions per message sent to the proxy
+    eps: float = 0.4  # base exploration rate eps
+    eps_alpha: float = 7.0  # actor i of N explores with eps ** (1 + eps_alpha * i / (N - 1))
+    num_actors: int = 2  # N in the formula above; the local launcher sets it
+    compute_priorities: bool = True  # send initial priorities computed with the local model
+    send_hwm: int = 16  # batches queued towards the proxy before send blocks
+
+
+@dataclass
+class NetConfig:
+    """Addresses, ports and socket limits of a distributed run."""
+
+    learner_host: str = "127.0.0.1"  # where actors, proxies and evaluators find the learner
+    proxy_host: str = "127.0.0.1"  # where actors find their proxy
+    bind_host: str = "127.0.0.1"  # interface the learner and proxy bind on (0.0.0.0 = all)
+    data_port: int = 5555  # learner PULL (proxies connect here); 0 picks a free port
+    model_port: int = 5556  # learner PUB of model versions; 0 picks a free port
+    proxy_port: int = 5557  # proxy PULL (actors connect here); 0 picks a free port
+    eval_port: int = 5558  # learner PULL for evaluator reports; 0 picks a free port
+    max_message_mb: float = 256.0  # messages larger than this are refused
+    heartbeat_ms: int = 1000  # ZeroMQ heartbeat interval on cross-host links
+    heartbeat_timeout_ms: int = 3000  # peer considered gone after this silence
+    republish_s: float = 2.0  # learner re-publishes the latest model at least this often
+    stats_interval_s: float = 2.0  # roles report counters this often
+    peer_wait_s: float = 0.0  # give up waiting for a peer after this; 0 waits forever
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "run.log_level": ("debug", "info", "warning", "error"),
+    "agent.algo": ("dqn",),
+    "agent.network": ("mlp", "nature_cnn"),
+    "agent.loss": ("huber", "mse"),
+}
+_POSITIVE = {
+    "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.lr", "agent.batch_size",
+    "agent.target_update_interval", "agent.tau", "replay.capacity", "replay.beta_steps",
+    "trainer.opt_interval", "trainer.max_opts", "trainer.eval_interval", "trainer.eval_episodes",
+    "trainer.record_interval", "trainer.sync_interval", "actor.n_buffer", "actor.num_actors",
+    "actor.send_hwm", "net.max_message_mb", "net.heartbeat_ms", "net.heartbeat_timeout_ms",
+    "net.republish_s", "net.stats_interval_s",
+}
+_UNIT_INTERVAL = {"agent.gamma", "agent.tau", "agent.eps_start", "agent.eps_end", "replay.alpha",
+                  "replay.beta0", "actor.eps"}
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it (ints widen to float)."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if tp is Any:
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list of {_type_name(item_tp)}, got {value!r}")
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{where}: expected a mapping with string keys, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _unknown_key(key: str, valid: list[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
+    return ConfigError(f"{where}: unknown key '{key}'{hint}")
+
+
+def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
+    where = f"{source}: {prefix}" if prefix else source
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise _unknown_key(str(key), names, f"{source}: {prefix or 'top level'}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, dotted, source)  # type: ignore[arg-type]
+        else:
+            kwargs[key] = _coerce(value, tp, f"{source}: {dotted}")
+    return cls(**kwargs)
+
+
+def _check_ranges(cfg: Config, source: str) -> None:
+    flat = to_flat_dict(cfg)
+    for key, choices in _CHOICES.items():
+        if flat[key] not in choices:
+            raise ConfigError(f"{source}: {key} must be one of {', '.join(choices)}, got {flat[key]!r}")
+    for key in _POSITIVE:
+        if flat[key] <= 0:
+            raise ConfigError(f"{source}: {key} must be > 0, got {flat[key]!r}")
+    for key in _UNIT_INTERVAL:
+        if not 0.0 <= flat[key] <= 1.0:
+            raise ConfigError(f"{source}: {key} must be within [0, 1], got {flat[key]!r}")
+    for key in ("trainer.warmup", "trainer.save_interval", "trainer.max_seconds",
+                "trainer.max_samples_per_insert", "agent.max_grad_norm", "actor.eps_alpha",
+                "net.peer_wait_s", "agent.eps_decay_steps"):
+        if flat[key] < 0:
+            raise ConfigError(f"{source}: {key} must be >= 0, got {flat[key]!r}")
+    for key in ("net.data_port", "net.model_port", "net.proxy_port", "net.eval_port"):
+        if not 0 <= flat[key] <= 65535:
+            raise ConfigError(f"{source}: {key} must be a port number 0..65535, got {flat[key]!r}")
+    if cfg.agent.batch_size > cfg.replay.capacity:
+        raise ConfigError(f"{source}: agent.batch_size ({cfg.agent.batch_size}) exceeds "
+                          f"replay.capacity ({cfg.replay.capacity})")
+    if cfg.trainer.warmup < cfg.agent.batch_size:
+        raise ConfigError(f"{source}: trainer.warmup ({cfg.trainer.warmup}) must be at least "
+                          f"agent.batch_size ({cfg.agent.batch_size})")
+
+
+def from_dict(data: Any, source: str = "<dict>") -> Config:
+    """Build and validate a Config from nested plain data."""
+    cfg = _build(Config, data, "", source)
+    _check_ranges(cfg, source)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``key=value``; the value is read as YAML (so 3e-4, true, [64, 64] work)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key=value, e.g. agent.lr=3e-4")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: cannot read value {raw!r}: {exc}") from None
+    if isinstance(value, str):
+        # YAML 1.1 reads 3e-4 as a string; accept it as the number it plainly is.
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides to nested plain data (validated later)."""
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    for text in overrides:
+        key, value = parse_override(text)
+        parts = key.split(".")
+        if len(parts) != 2:
+            raise ConfigError(f"--set {key}: expected section.key, e.g. agent.lr")
+        section, name = parts
+        if section not in sections:
+            raise _unknown_key(section, list(sections), f"--set {key}")
+        data.setdefault(section, {})
+        if data[section] is None:
+            data[section] = {}
+        valid = [f.name for f in dataclasses.fields(getattr(Config(), section))]
+        if name not in valid:
+            raise _unknown_key(name, valid, f"--set {key}")
+        data[section][name] = value
+    return data
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config (or the defaults when ``path`` is None) and apply overrides."""
+    data: Any = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{source}: no such config file")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping at the top level")
+    if overrides:
+        data = apply_overrides(data, overrides)
+        source += " (with --set)"
+    return from_dict(data, source)
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Nested plain data, ready for YAML."""
+    return dataclasses.asdict(cfg)
+
+
+def to_flat_dict(cfg: Config) -> dict[str, Any]:
+    """``{"section.key": value}`` for hyperparameter tables."""
+    return {f"{s}.{k}": v for s, sec in to_dict(cfg).items() for k, v in sec.items()}
+
+
+def dump(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

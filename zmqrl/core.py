@@ -1,0 +1,82 @@
+"""The small interfaces at the seams of zmqrl.
+
+A *transition batch* is a ``dict[str, numpy.ndarray]`` with a common leading length:
+``obs``, ``action``, ``reward`` (n-step discounted return), ``next_obs`` and ``discount``
+(``gamma**k`` when the target bootstraps from ``next_obs``, ``0`` when the episode terminated).
+Optional keys: ``priority`` (initial priorities), and, on sampled batches, ``indices`` and
+``weights`` (importance weights). Every part of the system passes batches in this one form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+Params = dict[str, np.ndarray]
+
+
+class Policy(Protocol):
+    """What an actor needs: observations in, actions out, and a way to take new parameters."""
+
+    def act(self, obs: np.ndarray, epsilon: float | np.ndarray) -> np.ndarray:
+        """Actions for a batch of observations; ``epsilon`` (scalar or per row) sets exploration."""
+        ...
+
+    def load_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Replace the policy parameters with named arrays from :meth:`Agent.params`."""
+        ...
+
+    def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Initial replay priorities (|TD error|) for transitions, computed locally."""
+        ...
+
+
+class Agent(Policy, Protocol):
+    """What a learner needs on top of a policy: updates, parameters to publish, persistence."""
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray | None]:
+        """One optimisation step; returns scalar metrics and new priorities (or None)."""
+        ...
+
+    def params(self) -> Params:
+        """The policy parameters an actor needs, as named numpy arrays (CPU, contiguous)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume training: networks, optimiser, counters."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+        ...
+
+
+class ReplayBuffer(Protocol):
+    """Transitions stored on the learner."""
+
+    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
+        """Store a batch; returns the storage indices written."""
+        ...
+
+    def sample(self, batch_size: int) -> Batch:
+        """A batch with ``indices`` and ``weights`` added."""
+        ...
+
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        """New priorities for previously sampled indices."""
+        ...
+
+    def __len__(self) -> int: ...
+
+
+class Recorder(Protocol):
+    """Where scalars go: TensorBoard, console, or both."""
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """Record tagged scalars (``family/name``) at ``step``."""
+        ...
+
+    def close(self) -> None: ...

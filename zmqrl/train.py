@@ -1,0 +1,130 @@
+"""Single-process training: the same agents, replay and configs as a distributed run, no sockets.
+
+The loop is border's ``Trainer``: step the envs, turn steps into n-step transitions, and once
+``trainer.warmup`` transitions are stored, run one optimisation step every
+``trainer.opt_interval`` transitions. Evaluation, checkpoints, records and the summary come
+from :class:`zmqrl.bookkeeping.Bookkeeper`, shared with the learner.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from zmqrl.agents import make_agent, resolve_device
+from zmqrl.bookkeeping import Bookkeeper, prepare_run_dir
+from zmqrl.config import Config
+from zmqrl.envs import GreedyEvaluator, VectorStepper, check_env, make_vector_env, spaces
+from zmqrl.replay import NStepBuilder, make_replay
+
+log = logging.getLogger("zmqrl")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> float:
+    """Epsilon after ``step`` env steps of a linear decay from ``start`` to ``end``."""
+    if decay_steps <= 0:
+        return end
+    return end + (start - end) * max(0.0, 1.0 - step / decay_steps)
+
+
+def make_replay_from(cfg: Config) -> Any:
+    r = cfg.replay
+    return make_replay(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, r.priority_eps,
+                       seed=cfg.run.seed + 7)
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM so the loop can finish its step and flush what it owes."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.set:  # a second Ctrl-C means now
+            raise KeyboardInterrupt
+        log.info("received %s: finishing the current step and saving", signal.Signals(signum).name)
+        self.set = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """Train in this process; returns the summary written to ``summary.json``."""
+    torch.set_num_threads(1)
+    seed = cfg.run.seed
+    seed_everything(seed)
+    check_env(cfg.env)
+    device = resolve_device(cfg.run.device)
+    path = prepare_run_dir(cfg, run_dir)
+    obs_space, act_space = spaces(cfg.env)
+    agent = make_agent(cfg.agent, obs_space, act_space, device=device, seed=seed)
+    replay = make_replay_from(cfg)
+    book = Bookkeeper(cfg, path, agent, extra_state=lambda: {"replay": replay.state_dict()})
+    if resume:
+        state = book.restore("latest")
+        if "replay" in state:
+            replay.load_state_dict(state["replay"])
+        log.info("resumed from %s at opt step %d (replay starts empty)", path / "checkpoints/latest",
+                 book.opt_steps)
+
+    num_envs = cfg.env.num_envs
+    stepper = VectorStepper(make_vector_env(cfg.env, num_envs, seed), seed)
+    nstep = NStepBuilder(num_envs, cfg.agent.n_step, cfg.agent.gamma)
+    evaluator = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed + 1_000_000)
+    tc, ac = cfg.trainer, cfg.agent
+    log.info("training %s on %s in %s (device %s)", ac.algo, cfg.env.id, path, device)
+
+    opt_credit = 0.0
+    with StopFlag() as stop:
+        while not stop.set and not book.should_stop():
+            eps = linear_epsilon(book.env_steps, ac.eps_start, ac.eps_end, ac.eps_decay_steps)
+            step = stepper.step(agent.act(stepper.obs, eps))
+            book.add_env_steps(num_envs)
+            book.add_episodes(step.episode_returns, step.episode_lengths)
+            transitions = nstep.push(step.obs, step.action, step.reward, step.next_obs,
+                                     step.terminated, step.truncated)
+            if transitions is not None:
+                replay.add(transitions)
+            if len(replay) < tc.warmup:
+                continue
+            opt_credit += num_envs / tc.opt_interval
+            while opt_credit >= 1.0 and not book.should_stop():
+                opt_credit -= 1.0
+                batch = replay.sample(ac.batch_size)
+                metrics, priorities = agent.update(batch)
+                if priorities is not None:
+                    replay.update_priorities(batch["indices"], priorities)
+                book.opt_step({**metrics, "epsilon": eps},
+                              perf=lambda: {"perf/replay_size": float(len(replay)),
+                                            "perf/beta": float(getattr(replay, "beta", 1.0))})
+                if book.eval_due():
+                    returns, lengths = evaluator.run(agent.greedy)
+                    book.evaluation(returns, lengths, version=book.opt_steps)
+    if stop.set:
+        book.stop_reason = "interrupted"
+    stepper.close()
+    evaluator.close()
+    summary = book.finish({"replay_size": len(replay)})
+    log.info("done (%s): %d env steps, %d opt steps in %.1fs, best eval %s", book.stop_reason,
+             book.env_steps, book.opt_steps, summary["wall_s"], summary["best_eval_return"])
+    return summary
