@@ -1,0 +1,138 @@
+"""Per-env n-step transition assembly for vectorised environments."""
+
+from __future__ import annotations
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+
+
+class NStepBuilder:
+    """Turns vector-env steps into n-step transitions that never cross episodes.
+
+    Each env keeps its last up-to-``n`` (obs, action, reward) in ring arrays of
+    shape ``(n, num_envs, ...)``. A transition carries ``reward`` (discounted
+    sum over its ``k <= n`` steps), ``next_obs`` (``k`` steps later, or the final
+    observation) and ``discount`` (``gamma ** k``, or 0 if the episode terminated).
+    """
+
+    def __init__(self, num_envs: int, n: int, gamma: float) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+        self.num_envs = int(num_envs)
+        self.n = int(n)
+        self.gamma = float(gamma)
+        powers = self.gamma ** np.arange(self.n, dtype=np.float64)
+        self._powers = powers
+        # _returns[j, i] = gamma ** (i - j) for i >= j: row j sums rewards from step j on.
+        offsets = np.arange(self.n)[None, :] - np.arange(self.n)[:, None]
+        self._returns = np.where(offsets >= 0, self.gamma ** np.maximum(offsets, 0), 0.0)
+        self._obs: np.ndarray | None = None
+        self._action: np.ndarray | None = None
+        self._reward = np.zeros((self.n, self.num_envs), dtype=np.float64)
+        self._count = np.zeros(self.num_envs, dtype=np.int64)  # pending steps per env
+        self._t = 0  # global step counter; this step's ring slot is _t % n
+
+    def reset(self) -> None:
+        """Drop all pending steps of every env."""
+        self._count[:] = 0
+
+    @property
+    def pending(self) -> np.ndarray:
+        """Number of pending (not yet emitted) steps per env."""
+        return self._count.copy()
+
+    def push(
+        self,
+        obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> Batch | None:
+        """Record one vector-env step; return the transitions it completes, or None."""
+        obs, action, next_obs = np.asarray(obs), np.asarray(action), np.asarray(next_obs)
+        reward = self._per_env("reward", reward).astype(np.float64)
+        term = self._per_env("terminated", terminated).astype(bool)
+        trunc = self._per_env("truncated", truncated).astype(bool)
+        self._check_step(obs, action, next_obs)
+        assert self._obs is not None and self._action is not None
+
+        slot = self._t % self.n
+        self._obs[slot] = obs
+        self._action[slot] = action
+        self._reward[slot] = reward
+        self._t += 1
+        self._count = np.minimum(self._count + 1, self.n)
+
+        ended = term | trunc
+        parts = []
+        full = np.flatnonzero((self._count == self.n) & ~ended)
+        if full.size:
+            parts.append(self._emit_full(slot, full, next_obs))
+        for env in np.flatnonzero(ended):
+            parts.append(self._flush(slot, int(env), next_obs[env], bool(term[env])))
+            self._count[env] = 0
+        if not parts:
+            return None
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+    def _emit_full(self, slot: int, envs: np.ndarray, next_obs: np.ndarray) -> Batch:
+        """Transitions from the oldest of ``n`` pending steps of each env in ``envs``."""
+        assert self._obs is not None and self._action is not None
+        oldest = (slot + 1) % self.n
+        order = (oldest + np.arange(self.n)) % self.n
+        ret = self._powers @ self._reward[order][:, envs]
+        return {
+            "obs": self._obs[oldest, envs],
+            "action": self._action[oldest, envs],
+            "reward": ret.astype(np.float32),
+            "next_obs": next_obs[envs],
+            "discount": np.full(envs.size, self.gamma**self.n, dtype=np.float32),
+        }
+
+    def _flush(self, slot: int, env: int, final_obs: np.ndarray, terminated: bool) -> Batch:
+        """All pending transitions of an env whose episode ended at ``slot``."""
+        assert self._obs is not None and self._action is not None
+        c = int(self._count[env])
+        order = (slot - c + 1 + np.arange(c)) % self.n  # oldest first
+        ret = self._returns[:c, :c] @ self._reward[order, env]
+        steps_left = c - np.arange(c)
+        discount = np.zeros(c) if terminated else self.gamma**steps_left
+        return {
+            "obs": self._obs[order, env],
+            "action": self._action[order, env],
+            "reward": ret.astype(np.float32),
+            "next_obs": np.repeat(final_obs[None], c, axis=0),
+            "discount": discount.astype(np.float32),
+        }
+
+    def _per_env(self, name: str, x: np.ndarray) -> np.ndarray:
+        arr = np.asarray(x)
+        if arr.shape != (self.num_envs,):
+            raise ValueError(f"{name}: expected shape ({self.num_envs},), got {arr.shape}")
+        return arr
+
+    def _check_step(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray) -> None:
+        """Validate shapes/dtypes; allocate the rings on the first call."""
+        for name, arr in (("obs", obs), ("action", action), ("next_obs", next_obs)):
+            if arr.ndim == 0 or arr.shape[0] != self.num_envs:
+                raise ValueError(f"{name}: expected leading dim {self.num_envs}, got shape {arr.shape}")
+        if self._obs is None or self._action is None:
+            self._obs = np.zeros((self.n, *obs.shape), dtype=obs.dtype)
+            self._action = np.zeros((self.n, *action.shape), dtype=action.dtype)
+        for name, arr, ring in (
+            ("obs", obs, self._obs),
+            ("next_obs", next_obs, self._obs),
+            ("action", action, self._action),
+        ):
+            if arr.shape != ring.shape[1:] or arr.dtype != ring.dtype:
+                raise ValueError(
+                    f"{name}: expected shape {ring.shape[1:]} dtype {ring.dtype}, "
+                    f"got shape {arr.shape} dtype {arr.dtype}"
+                )
