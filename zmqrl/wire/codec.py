@@ -1,0 +1,343 @@
+"""Encode and decode wire messages (see :mod:`zmqrl.wire.protocol`).
+
+Decoding validates everything before using it and raises only
+:class:`~zmqrl.wire.protocol.WireError` for bad input.  Arrays are rebuilt with
+``numpy.frombuffer`` (no copy, never pickle) and are read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+
+from .protocol import (
+    ALLOWED_DTYPES,
+    BATCH,
+    DEFAULT_LIMITS,
+    EVAL,
+    MAX_INCARNATION_CHARS,
+    MAX_INT,
+    MAX_META_DEPTH,
+    MAX_NAME_CHARS,
+    MAX_NDIM,
+    MAX_SENDER_CHARS,
+    MODEL,
+    NO_VERSION,
+    PROTOCOL_NAME,
+    PROTOCOL_VERSION,
+    STATS,
+    SUPPORTED_VERSIONS,
+    Limits,
+    Message,
+    WireError,
+)
+
+Frame = bytes | bytearray | memoryview | zmq.Frame
+Spec = tuple[str, np.dtype, tuple[int, ...], int]  # name, dtype, shape, nbytes
+HEADER_FIELDS = frozenset({"p", "v", "kind", "sender", "inc", "seq", "ver", "arrays", "meta"})
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_int(value: object) -> bool:
+    """True for real ints (``bool`` is not accepted as an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about untrusted input."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_text(value: object, what: str, max_chars: int) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= max_chars or not value.isprintable():
+        raise WireError("header", f"{what} must be a printable string of 1..{max_chars} chars")
+    return value
+
+
+def _meta_depth_ok(meta: object, max_depth: int) -> bool:
+    """Iteratively check that containers inside ``meta`` nest at most ``max_depth`` deep."""
+    stack: list[tuple[object, int]] = [(meta, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+def _frame_view(frame: object) -> memoryview:
+    """A flat byte view of one frame, or WireError("frames")."""
+    try:
+        view = frame.buffer if isinstance(frame, zmq.Frame) else memoryview(frame)  # type: ignore[arg-type]
+        if view.ndim != 1 or view.format not in ("B", "b", "c"):
+            view = view.cast("B")
+        return view
+    except (TypeError, ValueError, BufferError) as exc:
+        raise WireError("frames", f"frame is not a contiguous byte buffer ({exc})") from None
+
+
+def _frame_views(frames: object, limits: Limits) -> list[memoryview]:
+    try:
+        count = len(frames)  # type: ignore[arg-type]
+    except TypeError:
+        raise WireError("frames", "frames must be a sequence of byte buffers") from None
+    if isinstance(frames, (bytes, bytearray, memoryview, str)):
+        raise WireError("frames", "frames must be a sequence of byte buffers, not a single buffer")
+    if not 1 <= count <= limits.max_frames:
+        raise WireError("frames", f"{count} frames, expected 1..{limits.max_frames}")
+    return [_frame_view(frame) for frame in frames]  # type: ignore[attr-defined]
+
+
+def _array_specs(entries: object, limits: Limits) -> list[Spec]:
+    """Validate the header's ``arrays`` list; return (name, dtype, shape, nbytes) tuples."""
+    if not isinstance(entries, list):
+        raise WireError("header", "'arrays' must be a list")
+    if len(entries) > limits.max_frames - 1:
+        raise WireError("frames", f"{len(entries)} arrays, at most {limits.max_frames - 1} allowed")
+    specs = []
+    names: set[str] = set()
+    total = 0
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise WireError("header", f"arrays[{i}] must be [name, dtype, shape]")
+        name, dtype_str, shape = entry
+        name = _check_text(name, f"arrays[{i}] name", MAX_NAME_CHARS)
+        if name in names:
+            raise WireError("header", f"duplicate array name {name!r}")
+        names.add(name)
+        if not isinstance(dtype_str, str) or dtype_str not in ALLOWED_DTYPES:
+            raise WireError("dtype", f"array {name!r}: dtype {_short(dtype_str)} not allowed")
+        if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+            raise WireError("shape", f"array {name!r}: shape must be a list of at most {MAX_NDIM} ints")
+        if not all(_is_int(d) and 0 <= d <= MAX_INT for d in shape):
+            raise WireError("shape", f"array {name!r}: shape {_short(shape)} must hold ints >= 0")
+        dtype = np.dtype(dtype_str)
+        nbytes = math.prod(shape) * dtype.itemsize
+        total += nbytes
+        if total > limits.max_message_bytes:
+            raise WireError("size", f"payload exceeds max_message_bytes={limits.max_message_bytes}")
+        specs.append((name, dtype, tuple(shape), nbytes))
+    return specs
+
+
+def _check_header(header: object, limits: Limits) -> tuple[dict[str, Any], list[Spec]]:
+    """Validate a parsed header object (fields, types, kind, arrays, meta); return it and its array specs."""
+    if not isinstance(header, dict):
+        raise WireError("header", "header must be a JSON object")
+    if header.get("p") != PROTOCOL_NAME:
+        raise WireError("protocol", f"protocol name {_short(header.get('p'))}, expected {PROTOCOL_NAME!r}")
+    version = header.get("v")
+    if not _is_int(version) or version not in SUPPORTED_VERSIONS:
+        raise WireError("version", f"protocol version {_short(version)}, supported {sorted(SUPPORTED_VERSIONS)}")
+    keys = set(header)
+    if keys != HEADER_FIELDS:
+        missing, extra = sorted(HEADER_FIELDS - keys), sorted(keys - HEADER_FIELDS)
+        raise WireError("header", f"header fields wrong (missing {missing}, unexpected {_short(extra)})")
+    kind = header["kind"]
+    if not isinstance(kind, str) or not limits.allows(kind):
+        raise WireError("kind", f"message kind {_short(kind)} unknown or not allowed")
+    _check_text(header["sender"], "sender", MAX_SENDER_CHARS)
+    _check_text(header["inc"], "inc", MAX_INCARNATION_CHARS)
+    seq, ver = header["seq"], header["ver"]
+    if not _is_int(seq) or not 0 <= seq <= MAX_INT:
+        raise WireError("header", f"seq must be an int in 0..2**63-1, got {_short(seq)}")
+    if not _is_int(ver) or not NO_VERSION <= ver <= MAX_INT:
+        raise WireError("header", f"ver must be an int in -1..2**63-1, got {_short(ver)}")
+    meta = header["meta"]
+    if not isinstance(meta, dict):
+        raise WireError("meta", "meta must be a JSON object")
+    if not _meta_depth_ok(meta, MAX_META_DEPTH):
+        raise WireError("meta", f"meta nests deeper than {MAX_META_DEPTH}")
+    return header, _array_specs(header["arrays"], limits)
+
+
+def _parse_header(view: memoryview, limits: Limits) -> tuple[dict[str, Any], list[Spec]]:
+    if view.nbytes > limits.max_header_bytes:
+        raise WireError("size", f"header is {view.nbytes} bytes, limit {limits.max_header_bytes}")
+    try:
+        obj = json.loads(view.tobytes().decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSON / UTF-8 / int-size errors
+        raise WireError("header", f"header is not UTF-8 JSON ({type(exc).__name__})") from None
+    return _check_header(obj, limits)
+
+
+def _validate(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], list[memoryview], list[Spec]]:
+    """Validate frame count, header and frame lengths."""
+    views = _frame_views(frames, limits)
+    header, specs = _parse_header(views[0], limits)
+    if len(views) != 1 + len(specs):
+        raise WireError("frames", f"{len(views)} frames for {len(specs)} arrays (expected {1 + len(specs)})")
+    for (name, dtype, shape, nbytes), view in zip(specs, views[1:], strict=True):
+        if view.nbytes != nbytes:
+            spec = f"{name!r} {dtype.str}{list(shape)}"
+            raise WireError("size", f"array {spec} needs {nbytes} bytes, frame has {view.nbytes}")
+    return header, views, specs
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def peek_header(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """Validate a whole message (header and frame lengths) without building arrays.
+
+    Returns the parsed header dict.  Meant for relays that count and forward
+    the original frames unchanged.  Raises :class:`WireError` on bad input.
+    """
+    header, _, _ = _validate(frames, limits)
+    return header
+
+
+def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Decode ``[header, buffer...]`` into a :class:`Message`; WireError on bad input.
+
+    Arrays are read-only ``frombuffer`` views of the frames; copy them before
+    writing.  Accepts ``bytes``, ``memoryview`` or ``zmq.Frame`` frames.
+    """
+    header, views, specs = _validate(frames, limits)
+    arrays: dict[str, np.ndarray] = {}
+    for (name, dtype, shape, _), view in zip(specs, views[1:], strict=True):
+        array = np.frombuffer(view, dtype=dtype).reshape(shape)
+        array.flags.writeable = False
+        arrays[name] = array
+    return Message(
+        kind=header["kind"],
+        sender=header["sender"],
+        incarnation=header["inc"],
+        seq=header["seq"],
+        version=header["ver"],
+        arrays=arrays,
+        meta=header["meta"],
+        nbytes=sum(spec[3] for spec in specs),
+    )
+
+
+def _json_default(value: object) -> Any:
+    """Let numpy scalars and small arrays appear in meta."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def encode(
+    kind: str,
+    *,
+    sender: str,
+    incarnation: str,
+    seq: int,
+    version: int = NO_VERSION,
+    arrays: Mapping[str, np.ndarray] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> list[bytes | memoryview]:
+    """Build the frames ``[header, buffer...]`` of one message.
+
+    Buffers are memoryviews of the (C-contiguous) arrays, not copies: when they
+    are sent zero-copy, do not modify the arrays until the send has completed
+    (simplest: never reuse an array after handing it to ``encode``).  Raises
+    :class:`WireError` if the message would not pass :func:`decode` under ``limits``.
+    """
+    entries: list[list[Any]] = []
+    buffers: list[bytes | memoryview] = []
+    for name, value in (arrays or {}).items():
+        array = np.asarray(value)
+        if not array.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
+            array = np.ascontiguousarray(array)
+        if array.dtype.str not in ALLOWED_DTYPES:
+            raise WireError("dtype", f"array {name!r}: dtype {array.dtype.str!r} not allowed")
+        entries.append([name, array.dtype.str, list(array.shape)])
+        buffers.append(array.reshape(-1).view(np.uint8).data)
+    try:
+        meta_obj = json.loads(json.dumps(dict(meta or {}), default=_json_default))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise WireError("meta", f"meta is not JSON serialisable ({exc})") from None
+    header = {
+        "p": PROTOCOL_NAME,
+        "v": PROTOCOL_VERSION,
+        "kind": kind,
+        "sender": sender,
+        "inc": incarnation,
+        "seq": seq,
+        "ver": version,
+        "arrays": entries,
+        "meta": meta_obj,
+    }
+    _check_header(header, limits)
+    data = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    if len(data) > limits.max_header_bytes:
+        raise WireError("size", f"header is {len(data)} bytes, limit {limits.max_header_bytes}")
+    return [data, *buffers]
+
+
+def _batch_size(arrays: Mapping[str, np.ndarray]) -> int:
+    """Common leading length of batch arrays (0 for no arrays); WireError("shape") otherwise."""
+    sizes: dict[str, int] = {}
+    for name, array in arrays.items():
+        shape = np.shape(array)
+        if not shape:
+            raise WireError("shape", f"batch array {name!r} has no leading (batch) dimension")
+        sizes[name] = int(shape[0])
+    if len(set(sizes.values())) > 1:
+        raise WireError("shape", f"batch arrays have unequal leading lengths: {sizes}")
+    return next(iter(sizes.values()), 0)
+
+
+def check_batch(msg: Message) -> int:
+    """Check that ``msg`` is a BATCH whose arrays share one leading length; return it."""
+    if msg.kind != BATCH:
+        raise WireError("kind", f"expected a {BATCH!r} message, got {msg.kind!r}")
+    return _batch_size(msg.arrays)
+
+
+def encode_batch(
+    sender: str,
+    incarnation: str,
+    seq: int,
+    version: int,
+    batch: Mapping[str, np.ndarray],
+    episodes: Mapping[str, Any] | None = None,
+) -> list[bytes | memoryview]:
+    """A BATCH of transitions (equal leading lengths); ``meta = {"episodes": episodes}`` if given."""
+    _batch_size(batch)
+    meta = {"episodes": dict(episodes)} if episodes is not None else {}
+    return encode(BATCH, sender=sender, incarnation=incarnation, seq=seq, version=version, arrays=batch, meta=meta)
+
+
+def encode_model(
+    sender: str, incarnation: str, version: int, params: Mapping[str, np.ndarray]
+) -> list[bytes | memoryview]:
+    """A MODEL message; ``seq`` equals ``version`` (which must be >= 0)."""
+    return encode(MODEL, sender=sender, incarnation=incarnation, seq=version, version=version, arrays=params)
+
+
+def encode_stats(sender: str, incarnation: str, seq: int, stats: Mapping[str, Any]) -> list[bytes | memoryview]:
+    """A STATS message: a role's counters in meta, no arrays."""
+    return encode(STATS, sender=sender, incarnation=incarnation, seq=seq, meta=stats)
+
+
+def encode_eval(
+    sender: str,
+    incarnation: str,
+    seq: int,
+    version: int,
+    returns: Sequence[float],
+    lengths: Sequence[int],
+) -> list[bytes | memoryview]:
+    """An EVAL report: ``meta = {"version", "returns", "lengths"}``."""
+    meta = {"version": version, "returns": [float(r) for r in returns], "lengths": [int(n) for n in lengths]}
+    return encode(EVAL, sender=sender, incarnation=incarnation, seq=seq, version=version, meta=meta)

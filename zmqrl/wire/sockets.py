@@ -1,0 +1,230 @@
+"""ZeroMQ socket setup, sending and receiving of wire messages.
+
+Choices other code relies on:
+
+* Every option is set explicitly before bind/connect (see :class:`SocketOptions`).
+* PUSH sockets (:meth:`SocketOptions.push`) use ``IMMEDIATE=1``: messages are
+  only queued to peers whose connection is up, so a sender never round-robins
+  batches into the queue of a dead or not-yet-connected peer; when no peer is
+  up a blocking send waits (up to ``sndtimeo_ms``) and a ``NOBLOCK`` send
+  raises ``zmq.Again`` -- count it as dropped and keep going.  Their linger is
+  1000 ms so a clean shutdown can flush a little; other sockets use 0.
+* Receiving sockets set ``MAXMSGSIZE`` from :class:`Limits`: libzmq disconnects
+  a peer that sends a larger frame, before anything reaches Python.
+* Frames of at least ``copy_threshold`` bytes (64 KiB) are sent zero-copy: do
+  not modify an array after passing it to ``send_frames``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import zmq
+
+from .codec import Frame, decode
+from .protocol import DEFAULT_COPY_THRESHOLD, DEFAULT_LIMITS, MODEL, Limits, Message, WireError
+from .tracking import VersionTracker
+
+
+class SocketSetupError(RuntimeError):
+    """A socket could not be bound or connected; the message names the address."""
+
+
+def new_incarnation() -> str:
+    """A random incarnation id (16 hex chars), chosen once per process start."""
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class SocketOptions:
+    """Options applied by :func:`make_socket`.  Times in ms; HWMs in messages."""
+
+    linger_ms: int = 0
+    sndhwm: int = 100
+    rcvhwm: int = 100
+    heartbeat_ivl_ms: int = 1000
+    heartbeat_timeout_ms: int = 3000
+    heartbeat_ttl_ms: int = 3000
+    reconnect_ivl_ms: int = 100
+    reconnect_ivl_max_ms: int = 2000
+    maxmsgsize: int = -1  # bytes per frame; -1: no limit
+    rcvtimeo_ms: int = -1  # -1: block forever
+    sndtimeo_ms: int = -1
+    immediate: bool = False  # queue only to completed connections (connect side)
+    subscribe: tuple[bytes, ...] = (b"",)  # SUB sockets only: topic prefixes
+
+    @staticmethod
+    def receive_limit(limits: Limits) -> int:
+        """MAXMSGSIZE that admits every frame valid under ``limits``."""
+        return max(limits.max_message_bytes, limits.max_header_bytes)
+
+    @classmethod
+    def push(cls, **overrides: Any) -> SocketOptions:
+        """Actor -> proxy (or proxy -> learner) sender: IMMEDIATE, linger 1000 ms."""
+        return replace(cls(linger_ms=1000, immediate=True, sndhwm=16), **overrides)
+
+    @classmethod
+    def pull(cls, limits: Limits = DEFAULT_LIMITS, **overrides: Any) -> SocketOptions:
+        """Batch receiver: MAXMSGSIZE from ``limits``."""
+        return replace(cls(rcvhwm=16, maxmsgsize=cls.receive_limit(limits)), **overrides)
+
+    @classmethod
+    def pub(cls, **overrides: Any) -> SocketOptions:
+        """Model publisher: small HWM (only the newest models matter)."""
+        return replace(cls(sndhwm=4), **overrides)
+
+    @classmethod
+    def sub(cls, limits: Limits = DEFAULT_LIMITS, **overrides: Any) -> SocketOptions:
+        """Model subscriber: small HWM, MAXMSGSIZE from ``limits``."""
+        return replace(cls(rcvhwm=4, maxmsgsize=cls.receive_limit(limits)), **overrides)
+
+
+def _socket_name(kind: int) -> str:
+    try:
+        return zmq.SocketType(kind).name
+    except ValueError:
+        return str(kind)
+
+
+def make_socket(
+    ctx: zmq.Context,
+    kind: int,
+    opts: SocketOptions = SocketOptions(),
+    *,
+    bind: str | None = None,
+    connect: str | None = None,
+) -> zmq.Socket:
+    """Create a socket of ``kind`` with all ``opts`` set, then bind and/or connect it.
+
+    Raises :class:`SocketSetupError` naming the address if bind/connect fails
+    (address in use, malformed address...).  Bind to ``tcp://127.0.0.1:*`` (or
+    port 0) for a random port and read it back with :func:`bound_address`.
+    """
+    sock = ctx.socket(kind)
+    try:
+        sock.setsockopt(zmq.LINGER, opts.linger_ms)
+        sock.setsockopt(zmq.SNDHWM, opts.sndhwm)
+        sock.setsockopt(zmq.RCVHWM, opts.rcvhwm)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, opts.heartbeat_ivl_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, opts.heartbeat_timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, opts.heartbeat_ttl_ms)
+        sock.setsockopt(zmq.RECONNECT_IVL, opts.reconnect_ivl_ms)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, opts.reconnect_ivl_max_ms)
+        sock.setsockopt(zmq.MAXMSGSIZE, opts.maxmsgsize)
+        sock.setsockopt(zmq.RCVTIMEO, opts.rcvtimeo_ms)
+        sock.setsockopt(zmq.SNDTIMEO, opts.sndtimeo_ms)
+        sock.setsockopt(zmq.IMMEDIATE, int(opts.immediate))
+        if kind == zmq.SUB:
+            for topic in opts.subscribe:
+                sock.setsockopt(zmq.SUBSCRIBE, topic)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    action, address = "bind", bind
+    try:
+        if bind is not None:
+            sock.bind(bind)
+        if connect is not None:
+            action, address = "connect", connect
+            sock.connect(connect)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        raise SocketSetupError(f"cannot {action} {_socket_name(kind)} socket to {address!r}: {exc}") from exc
+    return sock
+
+
+_WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}
+
+
+def bound_address(sock: zmq.Socket, *, loopback_for_wildcard: bool = True) -> str:
+    """The endpoint ``sock`` was last bound to, e.g. ``tcp://127.0.0.1:45123``.
+
+    A wildcard host (``0.0.0.0`` / ``[::]``) is replaced by loopback so the
+    result can be connected to from this machine, unless told otherwise.
+    """
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+    address = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+    if not address:
+        raise SocketSetupError("socket has not been bound")
+    if loopback_for_wildcard and address.startswith("tcp://"):
+        host, sep, port = address[len("tcp://") :].rpartition(":")
+        if sep and host in _WILDCARD_HOSTS:
+            address = f"tcp://{_WILDCARD_HOSTS[host]}:{port}"
+    return address
+
+
+def send_frames(
+    sock: zmq.Socket,
+    frames: Sequence[Frame],
+    *,
+    copy_threshold: int = DEFAULT_COPY_THRESHOLD,
+    flags: int = 0,
+) -> int:
+    """Send ``frames`` as one multipart message; return the number of bytes sent.
+
+    Frames of at least ``copy_threshold`` bytes go zero-copy (``copy=False``).
+    With ``flags=zmq.NOBLOCK`` this raises ``zmq.Again`` (sending nothing)
+    when the message cannot be queued.
+    """
+    if not frames:
+        raise ValueError("send_frames needs at least one frame")
+    total = 0
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        size = len(frame.buffer) if isinstance(frame, zmq.Frame) else memoryview(frame).nbytes
+        more = zmq.SNDMORE if i < last else 0
+        sock.send(frame, flags | more, copy=size < copy_threshold)
+        total += size
+    return total
+
+
+def recv_message(sock: zmq.Socket, limits: Limits = DEFAULT_LIMITS, timeout_ms: int | None = 0) -> Message | None:
+    """Wait up to ``timeout_ms`` (None: forever) for one message and decode it.
+
+    Returns None on timeout.  Raises :class:`WireError` for a bad message
+    (already consumed: the caller counts and carries on).
+    """
+    if not sock.poll(timeout_ms, zmq.POLLIN):
+        return None
+    try:
+        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+    return decode(frames, limits)
+
+
+def drain_latest_model(
+    sock: zmq.Socket,
+    tracker: VersionTracker,
+    limits: Limits = DEFAULT_LIMITS,
+    *,
+    max_messages: int = 10_000,
+) -> tuple[Message | None, int]:
+    """Read every queued message without blocking; keep the newest acceptable model.
+
+    Each MODEL message is offered to ``tracker`` in arrival order, so the
+    result is the last one it accepted (None if none).  Messages that fail to
+    decode or are not MODEL count as bad.  Returns ``(message, bad_count)``.
+    Reads at most ``max_messages`` so a flood cannot stall the caller.
+    """
+    latest: Message | None = None
+    bad = 0
+    for _ in range(max_messages):
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            break
+        try:
+            msg = decode(frames, limits)
+        except WireError:
+            bad += 1
+            continue
+        if msg.kind != MODEL:
+            bad += 1
+            continue
+        if tracker.offer(msg.incarnation, msg.version):
+            latest = msg
+    return latest, bad
