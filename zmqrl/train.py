@@ -9,27 +9,19 @@ from :class:`zmqrl.bookkeeping.Bookkeeper`, shared with the learner.
 from __future__ import annotations
 
 import logging
-import random
-import signal
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from zmqrl.agents import make_agent, resolve_device
 from zmqrl.bookkeeping import Bookkeeper, prepare_run_dir
 from zmqrl.config import Config
 from zmqrl.envs import GreedyEvaluator, VectorStepper, check_env, make_vector_env, spaces
+from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.replay import NStepBuilder, make_replay
 
 log = logging.getLogger("zmqrl")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> float:
@@ -43,29 +35,6 @@ def make_replay_from(cfg: Config) -> Any:
     r = cfg.replay
     return make_replay(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, r.priority_eps,
                        seed=cfg.run.seed + 7)
-
-
-class StopFlag:
-    """Set by SIGINT/SIGTERM so the loop can finish its step and flush what it owes."""
-
-    def __init__(self) -> None:
-        self.set = False
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopFlag:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.set:  # a second Ctrl-C means now
-            raise KeyboardInterrupt
-        log.info("received %s: finishing the current step and saving", signal.Signals(signum).name)
-        self.set = True
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
