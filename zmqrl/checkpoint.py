@@ -41,11 +41,15 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write JSON to ``path`` via a temporary file and a rename."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True, default=float)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True, default=float)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def save(directory: str | Path, agent_state: dict[str, Any], state: dict[str, Any],
@@ -57,11 +61,15 @@ def save(directory: str | Path, agent_state: dict[str, Any], state: dict[str, An
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    torch.save(agent_state, tmp / AGENT_FILE)
-    write_json_atomic(tmp / STATE_FILE, state)
-    for name, writer in (extra_files or {}).items():
-        writer(tmp / name)
-    _fsync_dir(tmp)
+    try:
+        torch.save(agent_state, tmp / AGENT_FILE)
+        write_json_atomic(tmp / STATE_FILE, state)
+        for name, writer in (extra_files or {}).items():
+            writer(tmp / name)
+        _fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     old = directory.with_name(directory.name + ".old")
     if directory.exists():
         if old.exists():

@@ -95,6 +95,7 @@ class TrainerConfig:
     save_interval: int = 10_000  # optimisation steps between numbered checkpoints; 0 disables
     sync_interval: int = 50  # optimisation steps between model publications (distributed)
     max_samples_per_insert: float = 0.0  # learner waits for data above this ratio; 0 = off
+    min_samples_per_insert: float = 0.0  # learner stops taking data below this ratio (actors block); 0 = off
 
 
 @dataclass
@@ -107,6 +108,7 @@ class ActorConfig:
     num_actors: int = 2  # N in the formula above; the local launcher sets it
     compute_priorities: bool = True  # send initial priorities computed with the local model
     send_hwm: int = 16  # batches queued towards the proxy before send blocks
+    nice: int = 0  # raise the actor process's niceness so the learner wins a shared CPU (0 = unchanged)
 
 
 @dataclass
@@ -202,6 +204,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -247,7 +254,8 @@ def _check_ranges(cfg: Config, source: str) -> None:
         if not 0.0 <= flat[key] <= 1.0:
             raise ConfigError(f"{source}: {key} must be within [0, 1], got {flat[key]!r}")
     for key in ("trainer.warmup", "trainer.save_interval", "trainer.max_seconds",
-                "trainer.max_samples_per_insert", "agent.max_grad_norm", "actor.eps_alpha",
+                "trainer.max_samples_per_insert", "trainer.min_samples_per_insert", "actor.nice",
+                "agent.max_grad_norm", "actor.eps_alpha",
                 "net.peer_wait_s", "agent.eps_decay_steps"):
         if flat[key] < 0:
             raise ConfigError(f"{source}: {key} must be >= 0, got {flat[key]!r}")
@@ -279,12 +287,6 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {key}: cannot read value {raw!r}: {exc}") from None
-    if isinstance(value, str):
-        # YAML 1.1 reads 3e-4 as a string; accept it as the number it plainly is.
-        try:
-            value = float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            pass
     return key, value
 
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
+from zmqrl import checkpoint
 from zmqrl.agents import make_agent, resolve_device
 from zmqrl.bookkeeping import Bookkeeper, prepare_run_dir
-from zmqrl.config import Config
+from zmqrl.config import Config, ConfigError
 from zmqrl.envs import GreedyEvaluator, VectorStepper, check_env, make_vector_env, spaces
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.replay import NStepBuilder, make_replay
@@ -37,6 +38,21 @@ def make_replay_from(cfg: Config) -> Any:
                        seed=cfg.run.seed + 7)
 
 
+def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:
+    """Before touching anything: ``--resume`` needs a run directory with a readable latest checkpoint."""
+    if not resume:
+        return
+    if not run_dir:
+        raise ConfigError("--resume needs --run-dir (the run directory to continue)")
+    checkpoint.resolve(Path(run_dir) / "checkpoints" / "latest")
+
+
+def restore_replay_schedule(replay: Any, state: dict[str, Any]) -> None:
+    """On resume, keep replay's sampling RNG, beta schedule and max priority, not its (unsaved) contents."""
+    if "replay" in state:
+        replay.load_state_dict({**state["replay"], "ptr": 0, "size": 0})
+
+
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
     """Train in this process; returns the summary written to ``summary.json``."""
     torch.set_num_threads(1)
@@ -44,6 +60,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
     seed_everything(seed)
     check_env(cfg.env)
     device = resolve_device(cfg.run.device)
+    require_checkpoint(run_dir or cfg.run.run_dir, resume)
     path = prepare_run_dir(cfg, run_dir)
     obs_space, act_space = spaces(cfg.env)
     agent = make_agent(cfg.agent, obs_space, act_space, device=device, seed=seed)
@@ -51,8 +68,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
     book = Bookkeeper(cfg, path, agent, extra_state=lambda: {"replay": replay.state_dict()})
     if resume:
         state = book.restore("latest")
-        if "replay" in state:
-            replay.load_state_dict(state["replay"])
+        restore_replay_schedule(replay, state)
         log.info("resumed from %s at opt step %d (replay starts empty)", path / "checkpoints/latest",
                  book.opt_steps)
 

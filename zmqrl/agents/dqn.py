@@ -9,6 +9,7 @@ truncations are all already folded into ``reward`` and ``discount``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -174,7 +175,7 @@ class DQNAgent(DQNPolicy):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.q.load_state_dict(state["q"])
         self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # never share Adam moments
         self.opt_steps = int(state["opt_steps"])
         self.rng.bit_generator.state = state["rng"]
 

@@ -1,0 +1,186 @@
+"""Tests for atomic checkpoints: round trips, replacement, crash recovery and clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from zmqrl import checkpoint
+from zmqrl.checkpoint import AGENT_FILE, STATE_FILE, CheckpointError
+
+
+def agent_state(value: float) -> dict[str, object]:
+    return {"q": {"w": torch.full((3, 2), value), "b": torch.arange(3, dtype=torch.float32) + value},
+            "opt_steps": int(value), "rng": {"state": 12345678901234567890, "name": "PCG64"}}
+
+
+def assert_agent_state(loaded: dict[str, object], value: float) -> None:
+    expected = agent_state(value)
+    assert set(loaded) == set(expected)
+    q = loaded["q"]
+    assert isinstance(q, dict)
+    torch.testing.assert_close(q["w"], torch.full((3, 2), value))
+    torch.testing.assert_close(q["b"], torch.arange(3, dtype=torch.float32) + value)
+    assert loaded["opt_steps"] == int(value) and loaded["rng"] == expected["rng"]
+
+
+def listing(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    state = {"env_steps": 1234, "best_eval": 17.5, "evals": [{"opt_steps": 100, "return_mean": 9.0}], "x": None}
+    written = checkpoint.save(tmp_path / "ckpts" / "latest", agent_state(2.0), state)
+    assert written == tmp_path / "ckpts" / "latest"
+    assert listing(written) == sorted([AGENT_FILE, STATE_FILE])
+    loaded_agent, loaded_state = checkpoint.load(written)
+    assert_agent_state(loaded_agent, 2.0)
+    assert loaded_state == state
+    assert listing(tmp_path / "ckpts") == ["latest"]
+
+
+def test_save_writes_extra_files(tmp_path: Path) -> None:
+    def writer(path: Path) -> None:
+        path.write_text("replay bytes")
+
+    directory = checkpoint.save(tmp_path / "c", agent_state(1.0), {}, extra_files={"replay.npz": writer})
+    assert (directory / "replay.npz").read_text() == "replay bytes"
+
+
+def test_state_json_takes_numpy_scalars(tmp_path: Path) -> None:
+    directory = checkpoint.save(tmp_path / "c", agent_state(1.0), {"mean": np.float32(1.5), "m64": np.float64(2.25)})
+    _, state = checkpoint.load(directory)
+    assert state == {"mean": 1.5, "m64": 2.25}
+
+
+def test_replacing_a_checkpoint_leaves_only_the_new_one(tmp_path: Path) -> None:
+    target = tmp_path / "latest"
+    checkpoint.save(target, agent_state(1.0), {"version": 1}, extra_files={"only_in_old": lambda p: p.write_text("")})
+    checkpoint.save(target, agent_state(2.0), {"version": 2})
+    loaded_agent, state = checkpoint.load(target)
+    assert_agent_state(loaded_agent, 2.0)
+    assert state == {"version": 2}
+    assert listing(target) == sorted([AGENT_FILE, STATE_FILE])  # no file of the old checkpoint survives
+    assert listing(tmp_path) == ["latest"]  # no NAME.old, no temporary directory
+
+
+def test_save_removes_a_stale_old_copy(tmp_path: Path) -> None:
+    target = tmp_path / "latest"
+    checkpoint.save(target, agent_state(1.0), {"version": 1})
+    (tmp_path / "latest.old").mkdir()
+    (tmp_path / "latest.old" / "junk").write_text("x")
+    checkpoint.save(target, agent_state(3.0), {"version": 3})
+    assert listing(tmp_path) == ["latest"]
+    assert checkpoint.load(target)[1] == {"version": 3}
+
+
+def test_load_falls_back_to_old_after_a_crash_mid_swap(tmp_path: Path) -> None:
+    target = tmp_path / "latest"
+    checkpoint.save(target, agent_state(4.0), {"version": 4})
+    os.replace(target, tmp_path / "latest.old")  # the first rename happened, the second did not
+    assert not target.exists()
+    assert checkpoint.resolve(target) == tmp_path / "latest.old"
+    loaded_agent, state = checkpoint.load(target)
+    assert_agent_state(loaded_agent, 4.0)
+    assert state == {"version": 4}
+    # the next save completes the swap and cleans up
+    checkpoint.save(target, agent_state(5.0), {"version": 5})
+    assert listing(tmp_path) == ["latest"]
+    assert checkpoint.load(target)[1] == {"version": 5}
+
+
+def test_complete_checkpoint_wins_over_old(tmp_path: Path) -> None:
+    target = tmp_path / "latest"
+    checkpoint.save(tmp_path / "latest.old", agent_state(1.0), {"version": 1})
+    checkpoint.save(target, agent_state(2.0), {"version": 2})
+    assert checkpoint.resolve(target) == target
+    assert checkpoint.load(target)[1] == {"version": 2}
+
+
+def test_copy_makes_an_independent_checkpoint(tmp_path: Path) -> None:
+    src = checkpoint.save(tmp_path / "100", agent_state(6.0), {"version": 6})
+    checkpoint.save(tmp_path / "best", agent_state(1.0), {"version": 1})
+    dest = checkpoint.copy(src, tmp_path / "best")
+    assert dest == tmp_path / "best"
+    assert_agent_state(checkpoint.load(dest)[0], 6.0)
+    assert listing(tmp_path) == ["100", "best"]
+    checkpoint.save(src, agent_state(7.0), {"version": 7})
+    assert checkpoint.load(dest)[1] == {"version": 6}
+
+
+def test_corrupt_agent_file_names_it(tmp_path: Path) -> None:
+    directory = checkpoint.save(tmp_path / "latest", agent_state(1.0), {"version": 1})
+    (directory / AGENT_FILE).write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(directory)
+    assert str(directory / AGENT_FILE) in str(info.value)
+
+
+def test_truncated_agent_file_names_it(tmp_path: Path) -> None:
+    directory = checkpoint.save(tmp_path / "latest", agent_state(1.0), {"version": 1})
+    data = (directory / AGENT_FILE).read_bytes()
+    (directory / AGENT_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=AGENT_FILE):
+        checkpoint.load(directory)
+
+
+def test_agent_file_with_code_is_refused(tmp_path: Path) -> None:
+    """weights_only loading: an arbitrary pickled object is an error, not executed."""
+    directory = checkpoint.save(tmp_path / "latest", agent_state(1.0), {"version": 1})
+    torch.save({"obj": Path("/")}, directory / AGENT_FILE)
+    with pytest.raises(CheckpointError, match=AGENT_FILE):
+        checkpoint.load(directory)
+
+
+def test_agent_file_that_is_not_a_dict(tmp_path: Path) -> None:
+    directory = checkpoint.save(tmp_path / "latest", agent_state(1.0), {"version": 1})
+    torch.save(torch.zeros(3), directory / AGENT_FILE)
+    with pytest.raises(CheckpointError, match="expected a dict"):
+        checkpoint.load(directory)
+
+
+def test_missing_agent_file_names_it(tmp_path: Path) -> None:
+    directory = checkpoint.save(tmp_path / "latest", agent_state(1.0), {"version": 1})
+    (directory / AGENT_FILE).unlink()
+    with pytest.raises(CheckpointError, match="missing") as info:
+        checkpoint.load(directory)
+    assert str(directory / AGENT_FILE) in str(info.value)
+
+
+def test_missing_directory_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "checkpoints" / "latest"
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(missing)
+    assert str(missing) in str(info.value)
+
+
+@pytest.mark.parametrize("content", ["{not json", "", "[1, 2]"])
+def test_invalid_state_json_names_it(tmp_path: Path, content: str) -> None:
+    directory = checkpoint.save(tmp_path / "latest", agent_state(1.0), {"version": 1})
+    (directory / STATE_FILE).write_text(content)
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(directory)
+    assert str(directory / STATE_FILE) in str(info.value)
+
+
+def test_write_json_atomic(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    checkpoint.write_json_atomic(path, {"b": 1, "a": [1.5, None], "n": np.float32(0.5)})
+    assert json.loads(path.read_text()) == {"a": [1.5, None], "b": 1, "n": 0.5}
+    checkpoint.write_json_atomic(path, {"second": True})
+    assert json.loads(path.read_text()) == {"second": True}
+    assert listing(tmp_path) == ["summary.json"]  # no temporary file left behind
+
+
+def test_write_json_atomic_failure_keeps_old_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    checkpoint.write_json_atomic(path, {"ok": 1})
+    with pytest.raises(TypeError):
+        checkpoint.write_json_atomic(path, {"bad": object()})
+    assert json.loads(path.read_text()) == {"ok": 1}
+    assert listing(tmp_path) == ["summary.json"]  # the half-written temporary file is cleaned up
