@@ -644,3 +644,42 @@ def test_drain_latest_model_counts_bad_and_follows_restarts(ctx: zmq.Context) ->
     assert (seen[-1].incarnation, seen[-1].version) == ("L2", 3)
     assert bad_total[0] == 2
     assert drain_latest_model(pull, tracker, Limits()) == (None, 0)
+
+
+def test_packed_model_round_trip_is_aligned_and_strict() -> None:
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.arange(3, dtype=np.float64),
+              "u": np.arange(5, dtype=np.uint8)}
+    (frame,) = encode_model("learner", "L1", 7, params, meta={"opt_steps": 350})
+    assert bytes(frame[:4]) == b"ZQP1" and len(frame) % 8 == 0
+    msg = decode([frame])
+    assert (msg.kind, msg.version, msg.meta) == ("model", 7, {"opt_steps": 350})
+    for name, array in params.items():
+        assert np.array_equal(msg.arrays[name], array)
+        assert msg.arrays[name].ctypes.data % 8 == 0 or msg.arrays[name].nbytes == 0
+    for bad, reason in ((frame[:-8], "size"), (frame + bytes(8), "size"), (frame[:10], "frames"),
+                        (b"ZQP1" + (10**6).to_bytes(4, "little") + b"{}", "frames")):
+        with pytest.raises(WireError) as err:
+            decode([bad])
+        assert err.value.reason == reason
+
+
+def test_model_subscriber_conflates_to_newest(ctx: zmq.Context) -> None:
+    pub = make_socket(ctx, zmq.PUB, SocketOptions.pub(sndhwm=1000), bind=LOCAL)
+    sub = make_socket(ctx, zmq.SUB, SocketOptions.sub(), connect=bound_address(pub))
+    deadline = time.monotonic() + 5.0
+    while recv_message(sub, Limits(), 10) is None:
+        assert time.monotonic() < deadline, "subscriber never joined"
+        send_frames(pub, _model(0))
+    for version in range(1, 201):
+        send_frames(pub, _model(version))
+    tracker = VersionTracker()
+    seen: list[int] = []
+
+    def newest() -> bool:
+        msg, _ = drain_latest_model(sub, tracker, Limits())
+        if msg is not None:
+            seen.append(msg.version)
+        return bool(seen) and seen[-1] == 200
+
+    assert _wait_for(newest)
+    assert len(seen) <= 3  # only the newest is kept, not a backlog of 200

@@ -12,6 +12,7 @@ from .codec import (
     encode_eval,
     encode_model,
     encode_stats,
+    pack,
     peek_header,
 )
 from .protocol import (
@@ -77,6 +78,7 @@ __all__ = [
     "encode_stats",
     "make_socket",
     "new_incarnation",
+    "pack",
     "peek_header",
     "recv_message",
     "send_frames",

@@ -39,6 +39,8 @@ from .protocol import (
 
 Frame = bytes | bytearray | memoryview | zmq.Frame
 Spec = tuple[str, np.dtype, tuple[int, ...], int]  # name, dtype, shape, nbytes
+PACK_MAGIC = b"ZQP1"  # first bytes of a packed single-frame message (a JSON header starts with "{")
+PACK_ALIGN = 8
 HEADER_FIELDS = frozenset({"p", "v", "kind", "sender", "inc", "seq", "ver", "arrays", "meta"})
 
 
@@ -175,9 +177,53 @@ def _parse_header(view: memoryview, limits: Limits) -> tuple[dict[str, Any], lis
     return _check_header(obj, limits)
 
 
+def _aligned(offset: int) -> int:
+    return (offset + PACK_ALIGN - 1) // PACK_ALIGN * PACK_ALIGN
+
+
+def _unpack(view: memoryview, limits: Limits) -> tuple[dict[str, Any], list[memoryview], list[Spec]]:
+    """Split a packed single-frame message into header and array views (no copies)."""
+    if view.nbytes < len(PACK_MAGIC) + 4:
+        raise WireError("frames", "packed message shorter than its preamble")
+    header_len = int.from_bytes(view[len(PACK_MAGIC):len(PACK_MAGIC) + 4], "little")
+    start = len(PACK_MAGIC) + 4
+    if start + header_len > view.nbytes:
+        raise WireError("frames", f"packed header of {header_len} bytes overruns the {view.nbytes}-byte frame")
+    header_view = view[start:start + header_len]
+    header, specs = _parse_header(header_view, limits)
+    views = [header_view]
+    offset = _aligned(start + header_len)
+    for name, _, _, nbytes in specs:
+        if offset + nbytes > view.nbytes:
+            raise WireError("size", f"packed array {name!r} needs {nbytes} bytes past offset {offset}, "
+                                    f"frame has {view.nbytes}")
+        views.append(view[offset:offset + nbytes])
+        offset = _aligned(offset + nbytes)
+    if offset < view.nbytes:
+        raise WireError("size", f"{view.nbytes - offset} unexpected trailing bytes in packed message")
+    return header, views, specs
+
+
+def pack(frames: Sequence[bytes | memoryview]) -> bytes:
+    """``[header, buffer...]`` as one frame: magic, header length, header, arrays at 8-byte offsets.
+
+    Used for models: a single frame lets subscribers set ``ZMQ_CONFLATE`` (keep only the newest
+    message), which ZeroMQ offers for single-frame messages only.
+    """
+    header = bytes(frames[0])
+    out = bytearray(PACK_MAGIC + len(header).to_bytes(4, "little") + header)
+    for buf in frames[1:]:
+        out += bytes(_aligned(len(out)) - len(out))
+        out += buf
+    out += bytes(_aligned(len(out)) - len(out))
+    return bytes(out)
+
+
 def _validate(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], list[memoryview], list[Spec]]:
-    """Validate frame count, header and frame lengths."""
+    """Validate frame count, header and frame lengths (or a packed single frame)."""
     views = _frame_views(frames, limits)
+    if len(views) == 1 and views[0][:len(PACK_MAGIC)] == PACK_MAGIC:
+        return _unpack(views[0], limits)
     header, specs = _parse_header(views[0], limits)
     if len(views) != 1 + len(specs):
         raise WireError("frames", f"{len(views)} frames for {len(specs)} arrays (expected {1 + len(specs)})")
@@ -319,10 +365,12 @@ def encode_batch(
 
 
 def encode_model(
-    sender: str, incarnation: str, version: int, params: Mapping[str, np.ndarray]
+    sender: str, incarnation: str, version: int, params: Mapping[str, np.ndarray],
+    meta: Mapping[str, Any] | None = None,
 ) -> list[bytes | memoryview]:
-    """A MODEL message; ``seq`` equals ``version`` (which must be >= 0)."""
-    return encode(MODEL, sender=sender, incarnation=incarnation, seq=version, version=version, arrays=params)
+    """A MODEL message, packed into one frame; ``seq`` equals ``version`` (which must be >= 0)."""
+    return [pack(encode(MODEL, sender=sender, incarnation=incarnation, seq=version, version=version, arrays=params,
+                        meta=meta))]
 
 
 def encode_stats(sender: str, incarnation: str, seq: int, stats: Mapping[str, Any]) -> list[bytes | memoryview]:

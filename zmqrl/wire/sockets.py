@@ -3,6 +3,10 @@
 Choices other code relies on:
 
 * Every option is set explicitly before bind/connect (see :class:`SocketOptions`).
+* Heartbeats and back-pressure do not mix: a receiver that stops reading to push
+  back stops reading heartbeats too, and the sender's heartbeat timeout then drops
+  the connection with what was queued on it. Links that push back should turn
+  heartbeats off and use ``tcp_keepalive`` with ``immediate=False``.
 * PUSH sockets (:meth:`SocketOptions.push`) use ``IMMEDIATE=1``: messages are
   only queued to peers whose connection is up, so a sender never round-robins
   batches into the queue of a dead or not-yet-connected peer; when no peer is
@@ -18,7 +22,7 @@ Choices other code relies on:
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -54,6 +58,8 @@ class SocketOptions:
     rcvtimeo_ms: int = -1  # -1: block forever
     sndtimeo_ms: int = -1
     immediate: bool = False  # queue only to completed connections (connect side)
+    conflate: bool = False  # SUB: keep only the newest single-frame message (models)
+    tcp_keepalive: bool = False  # kernel keepalive probes: idle 5 s, then every 2 s, 3 tries
     subscribe: tuple[bytes, ...] = (b"",)  # SUB sockets only: topic prefixes
 
     @staticmethod
@@ -78,8 +84,12 @@ class SocketOptions:
 
     @classmethod
     def sub(cls, limits: Limits = DEFAULT_LIMITS, **overrides: Any) -> SocketOptions:
-        """Model subscriber: small HWM, MAXMSGSIZE from ``limits``."""
-        return replace(cls(rcvhwm=4, maxmsgsize=cls.receive_limit(limits)), **overrides)
+        """Model subscriber: CONFLATE (only the newest packed model is kept), MAXMSGSIZE from ``limits``.
+
+        With CONFLATE the receive queue never fills, so a subscriber busy for a long time (an
+        evaluator mid-episode, an actor blocked on send) never stalls its connection.
+        """
+        return replace(cls(rcvhwm=4, conflate=True, maxmsgsize=cls.receive_limit(limits)), **overrides)
 
 
 def _socket_name(kind: int) -> str:
@@ -117,6 +127,13 @@ def make_socket(
         sock.setsockopt(zmq.RCVTIMEO, opts.rcvtimeo_ms)
         sock.setsockopt(zmq.SNDTIMEO, opts.sndtimeo_ms)
         sock.setsockopt(zmq.IMMEDIATE, int(opts.immediate))
+        if opts.conflate:
+            sock.setsockopt(zmq.CONFLATE, 1)
+        if opts.tcp_keepalive:
+            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 5)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 2)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
         if kind == zmq.SUB:
             for topic in opts.subscribe:
                 sock.setsockopt(zmq.SUBSCRIBE, topic)
@@ -202,6 +219,7 @@ def drain_latest_model(
     limits: Limits = DEFAULT_LIMITS,
     *,
     max_messages: int = 10_000,
+    observe: Callable[[Message], None] | None = None,
 ) -> tuple[Message | None, int]:
     """Read every queued message without blocking; keep the newest acceptable model.
 
@@ -209,6 +227,7 @@ def drain_latest_model(
     result is the last one it accepted (None if none).  Messages that fail to
     decode or are not MODEL count as bad.  Returns ``(message, bad_count)``.
     Reads at most ``max_messages`` so a flood cannot stall the caller.
+    ``observe`` sees every decoded MODEL message, accepted or not (for control fields in meta).
     """
     latest: Message | None = None
     bad = 0
@@ -225,6 +244,8 @@ def drain_latest_model(
         if msg.kind != MODEL:
             bad += 1
             continue
+        if observe is not None:
+            observe(msg)
         if tracker.offer(msg.incarnation, msg.version):
             latest = msg
     return latest, bad
