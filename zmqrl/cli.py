@@ -11,6 +11,7 @@ from zmqrl import config as config_mod
 from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config, ConfigError
 from zmqrl.record import setup_logging
+from zmqrl.wire import SocketSetupError
 
 log = logging.getLogger("zmqrl")
 
@@ -35,6 +36,60 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary["stop_reason"] != "interrupted" else 130 if args.strict_exit else 0
 
 
+def cmd_learner(args: argparse.Namespace) -> int:
+    from zmqrl.roles.common import endpoint
+    from zmqrl.roles.learner import run_learner
+
+    cfg = _load(args)
+    net = cfg.net
+    return run_learner(cfg, args.run_dir,
+                       endpoint(args.bind_data, net.bind_host, net.data_port, "--bind-data"),
+                       endpoint(args.bind_model, net.bind_host, net.model_port, "--bind-model"),
+                       endpoint(args.bind_eval, net.bind_host, net.eval_port, "--bind-eval"),
+                       resume=args.resume)
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    from zmqrl.roles.common import endpoint
+    from zmqrl.roles.proxy import run_proxy
+
+    cfg = _load(args)
+    net = cfg.net
+    return run_proxy(cfg, endpoint(args.bind, net.bind_host, net.proxy_port, "--bind"),
+                     endpoint(args.learner, net.learner_host, net.data_port, "--learner"),
+                     name=args.name, run_dir=args.run_dir)
+
+
+def cmd_actor(args: argparse.Namespace) -> int:
+    from zmqrl.roles.actor import run_actor
+    from zmqrl.roles.common import endpoint
+
+    cfg = _load(args)
+    net = cfg.net
+    if not 0 <= args.id:
+        raise ConfigError(f"--id must be >= 0, got {args.id}")
+    return run_actor(cfg, args.id, endpoint(args.proxy, net.proxy_host, net.proxy_port, "--proxy"),
+                     endpoint(args.learner, net.learner_host, net.model_port, "--learner"), run_dir=args.run_dir)
+
+
+def cmd_evaluator(args: argparse.Namespace) -> int:
+    from zmqrl.roles.common import endpoint
+    from zmqrl.roles.evaluator import run_evaluator
+
+    cfg = _load(args)
+    net = cfg.net
+    model = endpoint(args.learner, net.learner_host, net.model_port, "--learner")
+    host = model.split("://", 1)[-1].rsplit(":", 1)[0]
+    return run_evaluator(cfg, model, endpoint(args.report, host, net.eval_port, "--report"), run_dir=args.run_dir)
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    from zmqrl.roles.local import run_local
+
+    cfg = _load(args, [f"actor.num_actors={args.actors}"])
+    return run_local(cfg, args.config, args.overrides, args.actors, args.run_dir, evaluator=not args.no_evaluator)
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
     parser = argparse.ArgumentParser(prog="zmqrl", description="Distributed off-policy RL on ZeroMQ.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -46,6 +101,47 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest")
     p.add_argument("--strict-exit", action="store_true", help="exit 130 when interrupted")
     handlers["train"] = cmd_train
+
+    addr_help = "tcp://HOST:PORT, HOST:PORT or HOST (the port then comes from the config's net section)"
+    p = sub.add_parser("learner", help="the learner: replay, optimisation, model publication")
+    _add_config_args(p)
+    p.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
+    p.add_argument("--bind-data", metavar="ADDR", help=f"PULL for batches from proxies; {addr_help}")
+    p.add_argument("--bind-model", metavar="ADDR", help=f"PUB for model versions; {addr_help}")
+    p.add_argument("--bind-eval", metavar="ADDR", help=f"PULL for evaluator reports; {addr_help}")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest")
+    handlers["learner"] = cmd_learner
+
+    p = sub.add_parser("proxy", help="forward batches from a host's actors to the learner")
+    _add_config_args(p)
+    p.add_argument("--bind", metavar="ADDR", help=f"PULL that actors connect to; {addr_help}")
+    p.add_argument("--learner", metavar="ADDR", help=f"the learner's data address; {addr_help}")
+    p.add_argument("--name", default="proxy", help="name in the learner's stats (one per proxy)")
+    p.add_argument("--run-dir", help="where to write roles/NAME.json at exit (optional)")
+    handlers["proxy"] = cmd_proxy
+
+    p = sub.add_parser("actor", help="step envs and send transitions to a proxy")
+    _add_config_args(p)
+    p.add_argument("--id", type=int, required=True, help="actor index 0..N-1 (sets its seed and epsilon)")
+    p.add_argument("--proxy", metavar="ADDR", help=f"the proxy's address; {addr_help}")
+    p.add_argument("--learner", metavar="ADDR", help=f"the learner's model address; {addr_help}")
+    p.add_argument("--run-dir", help="where to write roles/actor-ID.json at exit (optional)")
+    handlers["actor"] = cmd_actor
+
+    p = sub.add_parser("evaluator", help="evaluate new model versions greedily and keep the best")
+    _add_config_args(p)
+    p.add_argument("--learner", metavar="ADDR", help=f"the learner's model address; {addr_help}")
+    p.add_argument("--report", metavar="ADDR", help="the learner's evaluation address (default: the "
+                                                   "learner's host and net.eval_port)")
+    p.add_argument("--run-dir", help="where checkpoints/best goes (optional)")
+    handlers["evaluator"] = cmd_evaluator
+
+    p = sub.add_parser("local", help="run every role on this machine as separate processes")
+    _add_config_args(p)
+    p.add_argument("--actors", type=int, default=2, help="number of actor processes (default 2)")
+    p.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
+    p.add_argument("--no-evaluator", action="store_true", help="run without the evaluator")
+    handlers["local"] = cmd_local
     return parser, handlers
 
 
@@ -56,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.command](args)
     except ConfigError as exc:
         print(f"zmqrl {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    except SocketSetupError as exc:
+        print(f"zmqrl {args.command}: {exc}", file=sys.stderr)
         return 2
     except CheckpointError as exc:
         print(f"zmqrl {args.command}: checkpoint error: {exc}", file=sys.stderr)

@@ -1,0 +1,1 @@
+"""Roles: thin processes joining agents, replay and the wire (actor, proxy, learner, evaluator, local)."""

@@ -1,0 +1,100 @@
+"""What every role shares: addresses, limits, socket options from config, role stats files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zmqrl.checkpoint import write_json_atomic
+from zmqrl.config import ConfigError, NetConfig
+from zmqrl.wire import Limits, SocketOptions
+
+log = logging.getLogger("zmqrl")
+
+
+def endpoint(addr: str | None, default_host: str, default_port: int, what: str) -> str:
+    """A ZeroMQ endpoint from ``tcp://host:port``, ``host:port``, ``host`` or nothing (config defaults)."""
+    if not addr:
+        return f"tcp://{default_host}:{default_port}"
+    if "://" in addr:
+        return addr
+    host, sep, port = addr.rpartition(":")
+    if sep and port.isdigit() and host and not host.endswith(":"):
+        return f"tcp://{host}:{port}"
+    if sep and not port.isdigit() and "[" not in addr:
+        raise ConfigError(f"{what}: cannot read address {addr!r}; use tcp://HOST:PORT, HOST:PORT or HOST")
+    return f"tcp://{addr}:{default_port}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host`` (for launchers that hand ports to children)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def limits(net: NetConfig, *kinds: str) -> Limits:
+    """Receive limits for the kinds a socket may carry."""
+    return Limits.only(kinds, max_message_bytes=int(net.max_message_mb * 2**20))
+
+
+def options(net: NetConfig, base: SocketOptions, data_path: bool = False) -> SocketOptions:
+    """Apply the config's heartbeat settings to a socket preset.
+
+    ``data_path`` sockets (the back-pressured PUSH/PULL batch links) get no ZMTP heartbeats:
+    a receiver that stops reading to push back also stops reading heartbeats, the peer's
+    heartbeat timeout then drops the connection and the batches queued on it. Those links
+    queue across reconnects instead (IMMEDIATE off) and rely on TCP keepalive; dead peers
+    are still noticed in seconds on the model and evaluation links, which never push back.
+    """
+    if data_path:
+        return replace(base, heartbeat_ivl_ms=0, heartbeat_timeout_ms=0, heartbeat_ttl_ms=0, immediate=False,
+                       tcp_keepalive=True)
+    return replace(base, heartbeat_ivl_ms=net.heartbeat_ms, heartbeat_timeout_ms=net.heartbeat_timeout_ms,
+                   heartbeat_ttl_ms=net.heartbeat_timeout_ms)
+
+
+def new_context() -> zmq.Context:
+    """One context per process (never shared across fork)."""
+    return zmq.Context(io_threads=1)
+
+
+def write_role_stats(run_dir: str | None, name: str, stats: dict[str, Any]) -> None:
+    """``RUN_DIR/roles/NAME.json``: what a role did, for the launcher, tests and humans."""
+    if not run_dir:
+        return
+    path = Path(run_dir) / "roles"
+    path.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path / f"{name}.json", {"pid": os.getpid(), "time": time.time(), **stats})
+
+
+def read_json(path: str | Path) -> dict[str, Any] | None:
+    """A JSON file, or None while it does not exist (or is being replaced)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Every:
+    """True once per ``interval_s``: for periodic work inside a loop."""
+
+    def __init__(self, interval_s: float, now: bool = False) -> None:
+        self.interval_s = interval_s
+        self._next = time.monotonic() + (0.0 if now else interval_s)
+
+    def __call__(self) -> bool:
+        t = time.monotonic()
+        if t >= self._next:
+            self._next = t + self.interval_s
+            return True
+        return False

@@ -1,0 +1,131 @@
+"""Evaluator: runs greedy episodes on new model versions, reports them, keeps the best model.
+
+Recipe: subscribe to the learner's models, push reports to the learner's evaluation socket,
+then loop: take the newest model; when it is at least ``trainer.eval_interval`` optimisation
+steps past the last one evaluated, run ``trainer.eval_episodes`` greedy episodes, report the
+returns, and save the model to ``checkpoints/best`` when it beats every earlier one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+
+from zmqrl import checkpoint
+from zmqrl.agents import make_policy
+from zmqrl.config import Config
+from zmqrl.envs import GreedyEvaluator, check_env, spaces
+from zmqrl.lifecycle import StopFlag, seed_everything
+from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
+from zmqrl.wire import (
+    MODEL,
+    RateLimitedLog,
+    SocketOptions,
+    VersionTracker,
+    drain_latest_model,
+    encode_eval,
+    make_socket,
+    new_incarnation,
+    send_frames,
+)
+
+log = logging.getLogger("zmqrl")
+
+
+class Evaluator:
+    """One evaluator process."""
+
+    def __init__(self, cfg: Config, model_addr: str, report_addr: str, run_dir: str | None = None) -> None:
+        torch.set_num_threads(1)
+        self.cfg, self.run_dir = cfg, run_dir
+        self.incarnation = new_incarnation()
+        seed = cfg.run.seed + 1_000_000
+        seed_everything(seed)
+        check_env(cfg.env)
+        obs_space, act_space = spaces(cfg.env)
+        self.policy = make_policy(cfg.agent, obs_space, act_space, seed=seed)
+        self.episodes = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed)
+        self.ctx = new_context()
+        self.model_addr, self.report_addr = model_addr, report_addr
+        self.model_limits = limits(cfg.net, MODEL)
+        self.sub = make_socket(self.ctx, zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)),
+                               connect=model_addr)
+        self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push()), connect=report_addr)
+        self.versions = VersionTracker()
+        self.seq = 0
+        self.best = -math.inf
+        self.last_opt_steps: int | None = None
+        self.evaluated = 0
+        self.ratelog = RateLimitedLog(log, interval=10.0)
+
+    def _due(self, opt_steps: int) -> bool:
+        return self.last_opt_steps is None or opt_steps - self.last_opt_steps >= self.cfg.trainer.eval_interval \
+            or opt_steps < self.last_opt_steps  # a new learner line started over
+
+    def step(self) -> bool:
+        """Evaluate the newest model if one is due; returns whether an evaluation ran."""
+        msg, bad = drain_latest_model(self.sub, self.versions, self.model_limits)
+        if bad:
+            self.ratelog.warn("bad", f"evaluator: dropped {bad} bad message(s) from {self.model_addr}")
+        if msg is None:
+            return False
+        opt_steps = msg.meta.get("opt_steps", 0)
+        if not isinstance(opt_steps, int) or not self._due(opt_steps):
+            return False
+        try:
+            self.policy.load_params(msg.arrays)
+        except ValueError as exc:
+            self.ratelog.warn("mismatch", f"evaluator: model from {self.model_addr} does not fit the config: {exc}")
+            return False
+        params = {k: np.array(v) for k, v in msg.arrays.items()}
+        returns, lengths = self.episodes.run(self.policy.greedy)
+        self.last_opt_steps = opt_steps
+        self.evaluated += 1
+        send_frames(self.push, encode_eval("evaluator", self.incarnation, self.seq, msg.version, returns, lengths))
+        self.seq += 1
+        mean = float(np.mean(returns))
+        log.info("evaluator: model v%d (opt %d): return %.1f ± %.1f", msg.version, opt_steps, mean, np.std(returns))
+        if mean > self.best:
+            self.best = mean
+            self._save_best(params, msg.version, opt_steps, mean)
+        return True
+
+    def _save_best(self, params: dict[str, np.ndarray], version: int, opt_steps: int, mean: float) -> None:
+        if not self.run_dir:
+            return
+        agent_state = {"q": {k: torch.from_numpy(v) for k, v in params.items()}}
+        checkpoint.save(Path(self.run_dir) / "checkpoints" / "best", agent_state,
+                        {"version": version, "opt_steps": opt_steps, "eval_return": mean, "source": "evaluator"})
+
+    def run(self, stop: StopFlag) -> None:
+        log.info("evaluator: waiting for models from %s; reporting to %s", self.model_addr, self.report_addr)
+        remind = Every(30.0)
+        while not stop.set:
+            if not self.step():
+                self.sub.poll(100, zmq.POLLIN)
+                if self.versions.version < 0 and remind():
+                    log.info("evaluator: still waiting for a model from %s", self.model_addr)
+
+    def close(self) -> None:
+        write_role_stats(self.run_dir, "evaluator", {"evaluated": self.evaluated, "best": self.best})
+        self.sub.close(linger=0)
+        self.push.close(linger=500)
+        self.ctx.term()
+        self.episodes.close()
+
+
+def run_evaluator(cfg: Config, model_addr: str, report_addr: str, run_dir: str | None = None) -> int:
+    """The ``zmqrl evaluator`` entry point."""
+    with StopFlag() as stop:
+        evaluator = Evaluator(cfg, model_addr, report_addr, run_dir)
+        try:
+            evaluator.run(stop)
+        finally:
+            evaluator.close()
+    return 0
+

@@ -1,0 +1,153 @@
+"""Proxy: PULL batches from a host's actors, validate and count them, forward them unchanged.
+
+Recipe: bind a PULL socket for actors, connect a PUSH socket to the learner, then loop: receive
+a message, check its header and frame lengths (no arrays are built, nothing is re-serialised),
+count it per actor, and forward the very same frames. Bad messages are dropped and counted.
+When the learner is away the proxy stops reading, so actors block with bounded memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from zmqrl.config import Config
+from zmqrl.lifecycle import StopFlag
+from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
+from zmqrl.wire import (
+    BATCH,
+    RateLimitedLog,
+    SequenceTracker,
+    SocketOptions,
+    WireError,
+    bound_address,
+    encode_stats,
+    make_socket,
+    new_incarnation,
+    peek_header,
+    send_frames,
+)
+
+log = logging.getLogger("zmqrl")
+
+
+class Proxy:
+    """One proxy process: actors' PULL in, learner's PUSH out."""
+
+    def __init__(self, cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy",
+                 run_dir: str | None = None) -> None:
+        self.cfg, self.name, self.run_dir = cfg, name, run_dir
+        self.incarnation = new_incarnation()
+        self.limits = limits(cfg.net, BATCH)
+        self.ctx = new_context()
+        self.pull = make_socket(self.ctx, zmq.PULL, options(cfg.net, SocketOptions.pull(self.limits), data_path=True),
+                                bind=bind_addr)
+        self.bind_addr = bound_address(self.pull)
+        self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push(sndhwm=64), data_path=True),
+                                connect=learner_addr)
+        self.learner_addr = learner_addr
+        self.sequences = SequenceTracker()
+        self.per_actor: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self.forwarded = 0
+        self.bytes = 0
+        self.blocked_s = 0.0
+        self.stats_seq = 0
+        self.start = time.monotonic()
+        self.ratelog = RateLimitedLog(log, interval=10.0)
+
+    def stats(self) -> dict[str, Any]:
+        wall = time.monotonic() - self.start
+        return {"forwarded": self.forwarded, "bytes": self.bytes, "bytes_per_s": self.bytes / max(wall, 1e-9),
+                "rejected": dict(self.rejected), "rejected_total": sum(self.rejected.values()),
+                "blocked_s": round(self.blocked_s, 3), "bind": self.bind_addr,
+                "actors": {k: dict(v) for k, v in self.per_actor.items()}, "wall_s": round(wall, 3)}
+
+    def _forward(self, frames: list[Any], stop: StopFlag) -> bool:
+        blocked_since = None
+        while True:
+            try:
+                send_frames(self.push, frames, flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                if blocked_since is None:
+                    blocked_since = time.monotonic()
+                    self.ratelog.warn("blocked", f"{self.name}: learner {self.learner_addr} is not taking "
+                                                 "batches; holding actors back")
+                if stop.set:
+                    return False
+                self.push.poll(100, zmq.POLLOUT)
+        if blocked_since is not None:
+            self.blocked_s += time.monotonic() - blocked_since
+        return True
+
+    def handle(self, frames: list[Any], stop: StopFlag) -> None:
+        """Validate one received message and forward it; drop and count it if bad."""
+        try:
+            header = peek_header(frames, self.limits)
+        except WireError as exc:
+            self.rejected[exc.reason] += 1
+            self.ratelog.warn(f"bad-{exc.reason}", f"{self.name}: dropped a bad message on {self.bind_addr}: {exc}")
+            return
+        sender = header["sender"]
+        accept, lost = self.sequences.observe(sender, header["inc"], header["seq"])
+        counts = self.per_actor[sender]
+        counts["lost"] += lost
+        if not accept:
+            counts["dropped_old"] += 1
+            return
+        size = sum(len(f) for f in frames)
+        if self._forward(frames, stop):
+            counts["batches"] += 1
+            counts["bytes"] += size
+            self.forwarded += 1
+            self.bytes += size
+
+    def send_stats(self) -> None:
+        frames = encode_stats(self.name, self.incarnation, self.stats_seq, {"role": "proxy", **self.stats()})
+        try:
+            send_frames(self.push, frames, flags=zmq.NOBLOCK)
+            self.stats_seq += 1
+        except zmq.Again:
+            pass  # the learner is away; the next report supersedes this one
+
+    def run(self, stop: StopFlag) -> None:
+        log.info("%s: actors connect to %s; forwarding to learner %s", self.name, self.bind_addr, self.learner_addr)
+        report = Every(self.cfg.net.stats_interval_s)
+        while not stop.set:
+            if self.pull.poll(100, zmq.POLLIN):
+                # Drain what is queued before looking at the clock again.
+                for _ in range(1000):
+                    try:
+                        frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self.handle(frames, stop)
+                    if stop.set:
+                        break
+            if report():
+                self.send_stats()
+
+    def close(self) -> None:
+        write_role_stats(self.run_dir, self.name, self.stats())
+        self.pull.close(linger=0)
+        self.push.close(linger=500)
+        self.ctx.term()
+
+
+def run_proxy(cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy", run_dir: str | None = None) -> int:
+    """The ``zmqrl proxy`` entry point."""
+    with StopFlag() as stop:
+        proxy = Proxy(cfg, bind_addr, learner_addr, name, run_dir)
+        try:
+            proxy.run(stop)
+        finally:
+            proxy.close()
+    s = proxy.stats()
+    log.info("%s: forwarded %d batches (%d bytes), rejected %d", proxy.name, s["forwarded"], s["bytes"],
+             s["rejected_total"])
+    return 0
