@@ -9,8 +9,10 @@ evaluator role).
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -53,11 +55,57 @@ class Rate:
         return rate
 
 
+class ReplayCheckpointer:
+    """Saves replay contents next to ``checkpoints/latest`` without holding up training.
+
+    The buffer is copied in memory (a memcpy) on the training thread, then written by a
+    background thread through a temporary file and a rename. One write at a time: a save
+    requested while the previous one is still running is skipped.
+    """
+
+    FILE = "replay.npz"
+
+    def __init__(self, replay: Any, ckpt_dir: Path) -> None:
+        self.replay = replay
+        self.path = ckpt_dir / self.FILE
+        self._thread: threading.Thread | None = None
+        self.saved = 0
+
+    def save(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        snapshot = copy.deepcopy(self.replay)
+        self._thread = threading.Thread(target=self._write, args=(snapshot,), name="replay-save", daemon=True)
+        self._thread.start()
+
+    def _write(self, snapshot: Any) -> None:
+        try:
+            snapshot.save(str(self.path))
+            self.saved += 1
+        except OSError as exc:
+            log.error("could not save replay to %s: %s", self.path, exc)
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def restore(self) -> bool:
+        """Load saved replay contents if present; returns whether it did."""
+        if not self.path.is_file():
+            return False
+        try:
+            self.replay.load(str(self.path))
+        except (OSError, ValueError, KeyError) as exc:
+            raise checkpoint.CheckpointError(f"{self.path}: unreadable replay checkpoint: {exc}") from None
+        log.info("restored %d transitions from %s", len(self.replay), self.path)
+        return True
+
+
 class Bookkeeper:
     """Counts steps, decides when to record, evaluate, save and stop, and writes the run directory."""
 
     def __init__(self, cfg: Config, run_dir: Path, agent: Agent,
-                 extra_state: Callable[[], dict[str, Any]] | None = None) -> None:
+                 extra_state: Callable[[], dict[str, Any]] | None = None, replay: Any = None) -> None:
         self.cfg = cfg
         self.tc = cfg.trainer
         self.dir = run_dir
@@ -83,6 +131,9 @@ class Bookkeeper:
         self._metrics: dict[str, list[float]] = collections.defaultdict(list)
         self._env_rate, self._opt_rate = Rate(), Rate()
         self.stop_reason = ""
+        self._last_latest = time.monotonic()
+        self.replay_ckpt = ReplayCheckpointer(replay, self.ckpt_dir) if replay is not None and \
+            cfg.trainer.checkpoint_replay else None
 
     # --- counters ---------------------------------------------------------------------------
     @property
@@ -106,6 +157,8 @@ class Bookkeeper:
             self.record(perf() if perf else {})
         if self.tc.save_interval and self.opt_steps % self.tc.save_interval == 0:
             self.save(str(self.opt_steps))
+            self.save("latest")
+        elif self.tc.latest_interval_s and time.monotonic() - self._last_latest >= self.tc.latest_interval_s:
             self.save("latest")
 
     def eval_due(self) -> bool:
@@ -179,7 +232,12 @@ class Bookkeeper:
     def save(self, name: str, extra: dict[str, Any] | None = None) -> Path:
         agent_state = dict(self.agent.state_dict())
         agent_state["torch_rng"] = torch.get_rng_state()
-        return checkpoint.save(self.ckpt_dir / name, agent_state, {**self.state(), **(extra or {})})
+        path = checkpoint.save(self.ckpt_dir / name, agent_state, {**self.state(), **(extra or {})})
+        if name == "latest":
+            self._last_latest = time.monotonic()
+            if self.replay_ckpt is not None:
+                self.replay_ckpt.save()
+        return path
 
     def restore(self, name: str = "latest") -> dict[str, Any]:
         """Load ``checkpoints/NAME`` into the agent and counters; returns its state for the caller."""
@@ -233,6 +291,8 @@ class Bookkeeper:
         """Final record, ``checkpoints/latest``, hyperparameter table, ``summary.json``."""
         self.progress.close()
         self.save("latest")
+        if self.replay_ckpt is not None:
+            self.replay_ckpt.wait(timeout=60)
         summary = self.write_summary(extra)
         metrics = {"best_eval_return": summary["best_eval_return"] or float("nan"),
                    "env_steps": float(self.env_steps), "wall_s": float(summary["wall_s"])}

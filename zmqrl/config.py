@@ -93,6 +93,8 @@ class TrainerConfig:
     eval_episodes: int = 10  # greedy episodes per evaluation
     record_interval: int = 100  # optimisation steps between TensorBoard records
     save_interval: int = 10_000  # optimisation steps between numbered checkpoints; 0 disables
+    latest_interval_s: float = 60.0  # seconds between refreshes of checkpoints/latest; 0 = only at save_interval
+    checkpoint_replay: bool = False  # also save replay contents (copied in memory, written off the training loop)
     sync_interval: int = 50  # optimisation steps between model publications (distributed)
     max_samples_per_insert: float = 0.0  # learner waits for data above this ratio; 0 = off
     min_samples_per_insert: float = 0.0  # learner stops taking data below this ratio (actors block); 0 = off
@@ -123,8 +125,8 @@ class NetConfig:
     proxy_port: int = 5557  # proxy PULL (actors connect here); 0 picks a free port
     eval_port: int = 5558  # learner PULL for evaluator reports; 0 picks a free port
     max_message_mb: float = 256.0  # messages larger than this are refused
-    heartbeat_ms: int = 1000  # ZeroMQ heartbeat interval on cross-host links
-    heartbeat_timeout_ms: int = 3000  # peer considered gone after this silence
+    heartbeat_ms: int = 500  # ZeroMQ heartbeat interval on model and evaluation links
+    heartbeat_timeout_ms: int = 2000  # peer considered gone after this silence
     republish_s: float = 2.0  # learner re-publishes the latest model at least this often
     stats_interval_s: float = 2.0  # roles report counters this often
     peer_wait_s: float = 0.0  # give up waiting for a peer after this; 0 waits forever
@@ -255,6 +257,7 @@ def _check_ranges(cfg: Config, source: str) -> None:
             raise ConfigError(f"{source}: {key} must be within [0, 1], got {flat[key]!r}")
     for key in ("trainer.warmup", "trainer.save_interval", "trainer.max_seconds",
                 "trainer.max_samples_per_insert", "trainer.min_samples_per_insert", "actor.nice",
+                "trainer.latest_interval_s",
                 "agent.max_grad_norm", "actor.eps_alpha",
                 "net.peer_wait_s", "agent.eps_decay_steps"):
         if flat[key] < 0:

@@ -47,8 +47,11 @@ def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:
     checkpoint.resolve(Path(run_dir) / "checkpoints" / "latest")
 
 
-def restore_replay_schedule(replay: Any, state: dict[str, Any]) -> None:
-    """On resume, keep replay's sampling RNG, beta schedule and max priority, not its (unsaved) contents."""
+def restore_replay(book: Bookkeeper, replay: Any, state: dict[str, Any]) -> None:
+    """On resume: the saved replay contents when there are any (``trainer.checkpoint_replay``),
+    else an empty buffer that keeps the sampling RNG, beta schedule and max priority."""
+    if book.replay_ckpt is not None and book.replay_ckpt.restore():
+        return
     if "replay" in state:
         replay.load_state_dict({**state["replay"], "ptr": 0, "size": 0})
 
@@ -65,12 +68,12 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
     obs_space, act_space = spaces(cfg.env)
     agent = make_agent(cfg.agent, obs_space, act_space, device=device, seed=seed)
     replay = make_replay_from(cfg)
-    book = Bookkeeper(cfg, path, agent, extra_state=lambda: {"replay": replay.state_dict()})
+    book = Bookkeeper(cfg, path, agent, extra_state=lambda: {"replay": replay.state_dict()}, replay=replay)
     if resume:
         state = book.restore("latest")
-        restore_replay_schedule(replay, state)
-        log.info("resumed from %s at opt step %d (replay starts empty)", path / "checkpoints/latest",
-                 book.opt_steps)
+        restore_replay(book, replay, state)
+        log.info("resumed from %s at opt step %d with %d transitions in replay", path / "checkpoints/latest",
+                 book.opt_steps, len(replay))
 
     num_envs = cfg.env.num_envs
     stepper = VectorStepper(make_vector_env(cfg.env, num_envs, seed), seed)

@@ -37,6 +37,7 @@ from zmqrl.wire import (
     new_incarnation,
     send_frames,
 )
+from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
@@ -112,6 +113,9 @@ class Actor:
         self.sub = make_socket(self.ctx, zmq.SUB, options(cfg.net, SocketOptions.sub(limits(cfg.net, MODEL))),
                                connect=model_addr)
         self.model_limits = limits(cfg.net, MODEL)
+        self.links = [LinkMonitor(self.sub, self.name, f"to learner models {model_addr}"),
+                      LinkMonitor(self.push, self.name, f"to proxy {proxy_addr}")]
+        self._watch_links = Every(0.25)
         self.versions = VersionTracker()
         self.version = -1
         self.paused = False
@@ -153,6 +157,7 @@ class Actor:
         started, remind = time.monotonic(), Every(10.0)
         wait_s = self.cfg.net.peer_wait_s
         while not stop.set:
+            self._poll_links()
             if self.sub.poll(100, zmq.POLLIN) and self._take_newest_model():
                 log.info("%s: got model version %d after %.2fs; acting with epsilon %.4g", self.name,
                          self.version, time.monotonic() - started, self.epsilon)
@@ -190,6 +195,7 @@ class Actor:
                     return
                 self.push.poll(100, zmq.POLLOUT)
                 self._take_newest_model()  # keep the model stream read while blocked
+                self._poll_links()
         if blocked_since is not None:
             self.stats.blocked_s += time.monotonic() - blocked_since
         self.seq += 1
@@ -207,6 +213,8 @@ class Actor:
         report = Every(self.cfg.net.stats_interval_s * 5)
         while not stop.set:
             self._take_newest_model()
+            if self._watch_links():
+                self._poll_links()
             if self.paused:
                 paused_at = time.monotonic()
                 self.sub.poll(50, zmq.POLLIN)
@@ -232,9 +240,16 @@ class Actor:
             if max_env_steps and self.stats.env_steps >= max_env_steps:
                 break
 
+    def _poll_links(self) -> None:
+        for link in self.links:
+            link.poll()
+
     def close(self) -> None:
         write_role_stats(self.run_dir, self.name, {"incarnation": self.incarnation, "sent_seq": self.seq,
-                                                   "epsilon": self.epsilon, **self.stats.as_dict()})
+                                                   "epsilon": self.epsilon, **self.stats.as_dict(),
+                                                   "links": [link.stats() for link in self.links]})
+        for link in self.links:
+            link.close()
         self.push.close(linger=1000)
         self.sub.close(linger=0)
         self.ctx.term()

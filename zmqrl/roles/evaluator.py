@@ -33,6 +33,7 @@ from zmqrl.wire import (
     new_incarnation,
     send_frames,
 )
+from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
@@ -57,6 +58,7 @@ class Evaluator:
                                connect=model_addr)
         self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push()), connect=report_addr)
         self.versions = VersionTracker()
+        self.link = LinkMonitor(self.sub, "evaluator", f"to learner models {model_addr}")
         self.seq = 0
         self.best = -math.inf
         self.last_opt_steps: int | None = None
@@ -106,6 +108,7 @@ class Evaluator:
         log.info("evaluator: waiting for models from %s; reporting to %s", self.model_addr, self.report_addr)
         remind = Every(30.0)
         while not stop.set:
+            self.link.poll()
             if not self.step():
                 self.sub.poll(100, zmq.POLLIN)
                 if self.versions.version < 0 and remind():
@@ -113,6 +116,7 @@ class Evaluator:
 
     def close(self) -> None:
         write_role_stats(self.run_dir, "evaluator", {"evaluated": self.evaluated, "best": self.best})
+        self.link.close()
         self.sub.close(linger=0)
         self.push.close(linger=500)
         self.ctx.term()

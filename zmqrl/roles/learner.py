@@ -29,7 +29,7 @@ from zmqrl.config import Config
 from zmqrl.envs import check_env, spaces
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, read_json
-from zmqrl.train import make_replay_from, require_checkpoint, restore_replay_schedule
+from zmqrl.train import make_replay_from, require_checkpoint, restore_replay
 from zmqrl.wire import (
     BATCH,
     EVAL,
@@ -47,6 +47,7 @@ from zmqrl.wire import (
     new_incarnation,
     send_frames,
 )
+from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
@@ -141,12 +142,13 @@ class Learner:
         obs_space, act_space = spaces(cfg.env)
         self.agent = make_agent(cfg.agent, obs_space, act_space, device=self.device, seed=cfg.run.seed)
         self.replay = make_replay_from(cfg)
-        self.book = Bookkeeper(cfg, self.dir, self.agent, extra_state=lambda: {"replay": self.replay.state_dict()})
+        self.book = Bookkeeper(cfg, self.dir, self.agent, extra_state=lambda: {"replay": self.replay.state_dict()},
+                               replay=self.replay)
         if resume:
             state = self.book.restore("latest")
-            restore_replay_schedule(self.replay, state)
-            log.info("learner: resumed from %s at opt step %d, model version %d (replay refills from actors)",
-                     self.dir / "checkpoints/latest", self.book.opt_steps, self.book.version)
+            restore_replay(self.book, self.replay, state)
+            log.info("learner: resumed from %s at opt step %d, model version %d, %d transitions in replay",
+                     self.dir / "checkpoints/latest", self.book.opt_steps, self.book.version, len(self.replay))
         self.incarnation = new_incarnation()
 
         self.ctx = new_context()
@@ -161,6 +163,8 @@ class Learner:
         self.endpoints = {"data": bound_address(self.data), "model": bound_address(self.pub),
                           "eval": bound_address(self.evals)}
         self._write_endpoints()
+        self.links = [LinkMonitor(self.pub, "learner", f"model subscribers on {self.endpoints['model']}"),
+                      LinkMonitor(self.data, "learner", f"data peers on {self.endpoints['data']}")]
         self.receiver = Receiver(self.data, self.evals, cfg)
 
         self.sequences = SequenceTracker()
@@ -342,12 +346,15 @@ class Learner:
         self.receiver.start()
         self.publish(new_version=False)
         republish, summarise = Every(cfg.net.republish_s), Every(5.0)
-        waiting_log = Every(10.0)
+        waiting_log, watch_links = Every(10.0), Every(0.25)
         while not stop.set and not self.book.should_stop():
             if self._new_subscribers() or republish():
                 self.publish(new_version=False)
             if summarise():
                 self.book.write_summary(self.summary_extra())
+            if watch_links():
+                for link in self.links:
+                    link.poll()
             starving = len(self.replay) < tc.warmup
             spi = self.samples_per_insert()
             throttled = tc.max_samples_per_insert > 0 and spi > tc.max_samples_per_insert
@@ -380,6 +387,8 @@ class Learner:
         self.ingest(max_messages=self.receiver.inbox.qsize())
         summary = self.book.finish(self.summary_extra())
         print_end_table(summary)
+        for link in self.links:
+            link.close()
         for sock in (self.data, self.evals, self.pub):
             sock.close(linger=0)
         self.ctx.term()

@@ -31,6 +31,7 @@ from zmqrl.wire import (
     peek_header,
     send_frames,
 )
+from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
@@ -50,6 +51,8 @@ class Proxy:
         self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push(sndhwm=64), data_path=True),
                                 connect=learner_addr)
         self.learner_addr = learner_addr
+        self.links = [LinkMonitor(self.push, name, f"to learner {learner_addr}"),
+                      LinkMonitor(self.pull, name, f"from actors on {self.bind_addr}")]
         self.sequences = SequenceTracker()
         self.per_actor: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self.rejected: collections.Counter[str] = collections.Counter()
@@ -81,6 +84,7 @@ class Proxy:
                 if stop.set:
                     return False
                 self.push.poll(100, zmq.POLLOUT)
+                self.links[0].poll()
         if blocked_since is not None:
             self.blocked_s += time.monotonic() - blocked_since
         return True
@@ -131,9 +135,13 @@ class Proxy:
                         break
             if report():
                 self.send_stats()
+            for link in self.links:
+                link.poll()
 
     def close(self) -> None:
-        write_role_stats(self.run_dir, self.name, self.stats())
+        write_role_stats(self.run_dir, self.name, {**self.stats(), "links": [link.stats() for link in self.links]})
+        for link in self.links:
+            link.close()
         self.pull.close(linger=0)
         self.push.close(linger=500)
         self.ctx.term()
