@@ -151,7 +151,7 @@ class Learner:
                      self.dir / "checkpoints/latest", self.book.opt_steps, self.book.version, len(self.replay))
         self.incarnation = new_incarnation()
 
-        self.ctx = new_context()
+        self.ctx = new_context(cfg.net)
         net = cfg.net
         self.data = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, BATCH, STATS),
                                                                                      rcvhwm=64), data_path=True),
@@ -345,7 +345,7 @@ class Learner:
                  self.endpoints["model"], self.endpoints["eval"], self.dir)
         self.receiver.start()
         self.publish(new_version=False)
-        republish, summarise = Every(cfg.net.republish_s), Every(5.0)
+        republish, summarise = Every(cfg.net.republish_s), Every(max(cfg.net.stats_interval_s, 0.5))
         waiting_log, watch_links = Every(10.0), Every(0.25)
         while not stop.set and not self.book.should_stop():
             if self._new_subscribers() or republish():
