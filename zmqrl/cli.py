@@ -142,6 +142,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     p.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
     p.add_argument("--no-evaluator", action="store_true", help="run without the evaluator")
     handlers["local"] = cmd_local
+    from zmqrl.keys_cli import register as register_keygen
+
+    register_keygen(sub, handlers)
     return parser, handlers
 
 

@@ -110,6 +110,7 @@ class ActorConfig:
     num_actors: int = 2  # N in the formula above; the local launcher sets it
     compute_priorities: bool = True  # send initial priorities computed with the local model
     send_hwm: int = 16  # batches queued towards the proxy before send blocks
+    backend: str = "auto"  # policy forward in actors and the evaluator: auto (numpy for MLPs), numpy, torch
     nice: int = 0  # raise the actor process's niceness so the learner wins a shared CPU (0 = unchanged)
 
 
@@ -130,6 +131,11 @@ class NetConfig:
     republish_s: float = 2.0  # learner re-publishes the latest model at least this often
     stats_interval_s: float = 2.0  # roles report counters this often
     peer_wait_s: float = 0.0  # give up waiting for a peer after this; 0 waits forever
+    security: str = "none"  # none, or curve: CurveZMQ encryption plus a client-key allow-list on every socket
+    keys_dir: str = ""  # directory of key files made by `zmqrl keygen` (needed for curve)
+    server_key: str = "server"  # key pair that sockets which bind (learner, proxy) use: KEYS_DIR/NAME.key(_secret)
+    client_key: str = ""  # this process's key pair for sockets that connect; empty: the server_key pair
+    allowed_clients_dir: str = ""  # public keys (*.key) servers admit; empty: KEYS_DIR/clients
 
 
 @dataclass
@@ -150,6 +156,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "agent.algo": ("dqn",),
     "agent.network": ("mlp", "nature_cnn"),
     "agent.loss": ("huber", "mse"),
+    "actor.backend": ("auto", "numpy", "torch"),
+    "net.security": ("none", "curve"),
 }
 _POSITIVE = {
     "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.lr", "agent.batch_size",

@@ -1,4 +1,4 @@
-"""What every role shares: addresses, limits, socket options from config, role stats files."""
+"""What every role shares: addresses, limits, socket options and security from config, role stats files."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import socket
 import time
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import zmq
 
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import ConfigError, NetConfig
-from zmqrl.wire import Limits, SocketOptions
+from zmqrl.wire import Limits, SecureContext, Security, SecurityError, SocketOptions
 
 log = logging.getLogger("zmqrl")
 
@@ -54,17 +55,58 @@ def options(net: NetConfig, base: SocketOptions, data_path: bool = False) -> Soc
     heartbeat timeout then drops the connection and the batches queued on it. Those links
     queue across reconnects instead (IMMEDIATE off) and rely on TCP keepalive; dead peers
     are still noticed in seconds on the model and evaluation links, which never push back.
+
+    The config's security (``net.security``) is carried along: see :func:`security_from_net`.
     """
+    security = security_from_net(net)
     if data_path:
         return replace(base, heartbeat_ivl_ms=0, heartbeat_timeout_ms=0, heartbeat_ttl_ms=0, immediate=False,
-                       tcp_keepalive=True)
+                       tcp_keepalive=True, security=security)
     return replace(base, heartbeat_ivl_ms=net.heartbeat_ms, heartbeat_timeout_ms=net.heartbeat_timeout_ms,
-                   heartbeat_ttl_ms=net.heartbeat_timeout_ms)
+                   heartbeat_ttl_ms=net.heartbeat_timeout_ms, security=security)
 
 
-def new_context() -> zmq.Context:
-    """One context per process (never shared across fork)."""
-    return zmq.Context(io_threads=1)
+def security_from_net(net: NetConfig) -> Security | None:
+    """The process's CURVE keys for ``net`` (None when ``net.security`` is none), read from disk once.
+
+    Raises :class:`ConfigError` naming the missing or bad key file and the ``net.*`` setting.
+    """
+    if net.security == "none":
+        return None
+    if net.security != "curve":
+        raise ConfigError(f"net.security must be one of none, curve, got {net.security!r}")
+    return _load_curve(net.keys_dir, net.server_key, net.client_key, net.allowed_clients_dir)
+
+
+@lru_cache(maxsize=8)
+def _load_curve(keys_dir: str, server_key: str, client_key: str, allowed_clients_dir: str) -> Security:
+    try:
+        return Security.curve(keys_dir, server_key, client_key, allowed_clients_dir, label="net.")
+    except SecurityError as exc:
+        raise ConfigError(f"net.security=curve: {exc}") from None
+
+
+def new_context(net: NetConfig | None = None) -> zmq.Context:
+    """One context per process (never shared across fork).
+
+    With ``net.security: curve`` the keys are loaded now (a bad key setup fails here, before any
+    socket) and the context is a :class:`SecureContext`: the first socket that binds starts its ZAP
+    authenticator, and ``ctx.term()`` stops it first, so closing never hangs on it.
+    """
+    security = security_from_net(net) if net is not None else None
+    if security is None:
+        return zmq.Context(io_threads=1)
+    return SecureContext.create(security, io_threads=1)
+
+
+def close_context(ctx: zmq.Context) -> None:
+    """Terminate ``ctx`` (its sockets must be closed), stopping a ZAP authenticator first."""
+    ctx.term()
+
+
+def auth_counts(ctx: zmq.Context) -> dict[str, int]:
+    """CURVE handshakes admitted and refused by ``ctx``'s servers (empty without security)."""
+    return ctx.auth_counts() if isinstance(ctx, SecureContext) else {}
 
 
 def write_role_stats(run_dir: str | None, name: str, stats: dict[str, Any]) -> None:

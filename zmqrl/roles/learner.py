@@ -28,7 +28,7 @@ from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config
 from zmqrl.envs import check_env, spaces
 from zmqrl.lifecycle import StopFlag, seed_everything
-from zmqrl.roles.common import Every, limits, new_context, options, read_json
+from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, read_json
 from zmqrl.train import make_replay_from, require_checkpoint, restore_replay
 from zmqrl.wire import (
     BATCH,
@@ -335,7 +335,7 @@ class Learner:
                          "batches_dropped_old": sum(a["dropped_old"] for a in self.per_actor.values()),
                          "rejected": {**dict(self.receiver.rejected), "schema": self.schema_rejected},
                          "rejected_total": self.rejected_total()},
-            "actors": per_actor, "proxies": self.proxies,
+            "actors": per_actor, "proxies": self.proxies, "auth": auth_counts(self.ctx),
         }
 
     # --- the loop -----------------------------------------------------------------------------

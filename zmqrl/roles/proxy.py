@@ -17,7 +17,7 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag
-from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
+from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, write_role_stats
 from zmqrl.wire import (
     BATCH,
     RateLimitedLog,
@@ -44,7 +44,7 @@ class Proxy:
         self.cfg, self.name, self.run_dir = cfg, name, run_dir
         self.incarnation = new_incarnation()
         self.limits = limits(cfg.net, BATCH)
-        self.ctx = new_context()
+        self.ctx = new_context(cfg.net)
         self.pull = make_socket(self.ctx, zmq.PULL, options(cfg.net, SocketOptions.pull(self.limits), data_path=True),
                                 bind=bind_addr)
         self.bind_addr = bound_address(self.pull)
@@ -68,7 +68,8 @@ class Proxy:
         return {"forwarded": self.forwarded, "bytes": self.bytes, "bytes_per_s": self.bytes / max(wall, 1e-9),
                 "rejected": dict(self.rejected), "rejected_total": sum(self.rejected.values()),
                 "blocked_s": round(self.blocked_s, 3), "bind": self.bind_addr,
-                "actors": {k: dict(v) for k, v in self.per_actor.items()}, "wall_s": round(wall, 3)}
+                "actors": {k: dict(v) for k, v in self.per_actor.items()}, "wall_s": round(wall, 3),
+                "auth": auth_counts(self.ctx)}
 
     def _forward(self, frames: list[Any], stop: StopFlag) -> bool:
         blocked_since = None

@@ -17,6 +17,10 @@ Choices other code relies on:
   a peer that sends a larger frame, before anything reaches Python.
 * Frames of at least ``copy_threshold`` bytes (64 KiB) are sent zero-copy: do
   not modify an array after passing it to ``send_frames``.
+* With ``SocketOptions.security`` set (see :mod:`zmqrl.wire.security`), a socket
+  that binds is a CURVE server and one that connects a CURVE client.  Server
+  sockets need a :class:`~zmqrl.wire.security.SecureContext`, which runs the
+  ZAP authenticator that checks client keys against the allow-list.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import zmq
 
 from .codec import Frame, decode
 from .protocol import DEFAULT_COPY_THRESHOLD, DEFAULT_LIMITS, MODEL, Limits, Message, WireError
+from .security import SecureContext, Security, SecurityError, apply_curve
 from .tracking import VersionTracker
 
 
@@ -61,6 +66,7 @@ class SocketOptions:
     conflate: bool = False  # SUB: keep only the newest single-frame message (models)
     tcp_keepalive: bool = False  # kernel keepalive probes: idle 5 s, then every 2 s, 3 tries
     subscribe: tuple[bytes, ...] = (b"",)  # SUB sockets only: topic prefixes
+    security: Security | None = None  # CURVE keys; None: plaintext, no authentication
 
     @staticmethod
     def receive_limit(limits: Limits) -> int:
@@ -112,7 +118,27 @@ def make_socket(
     Raises :class:`SocketSetupError` naming the address if bind/connect fails
     (address in use, malformed address...).  Bind to ``tcp://127.0.0.1:*`` (or
     port 0) for a random port and read it back with :func:`bound_address`.
+
+    With ``opts.security`` a binding socket is a CURVE server (``ctx`` must be a
+    :class:`SecureContext`; its authenticator starts here) and a connecting one
+    a CURVE client; it must do exactly one of the two.
     """
+    security = opts.security
+    if security is not None:
+        if (bind is None) == (connect is None):
+            raise SocketSetupError(f"a CURVE {_socket_name(kind)} socket either binds (server) or connects "
+                                   f"(client), exactly one of them: bind={bind!r}, connect={connect!r}")
+        if bind is not None:
+            if not isinstance(ctx, SecureContext):
+                raise SocketSetupError(f"cannot bind CURVE {_socket_name(kind)} socket to {bind!r}: its context "
+                                       "runs no ZAP authenticator (make it with SecureContext.create)")
+            why = security.missing_server_secret()
+            if why:
+                raise SocketSetupError(f"cannot bind CURVE {_socket_name(kind)} socket to {bind!r}: {why}")
+            try:
+                ctx.ensure_authenticator(security)
+            except SecurityError as exc:
+                raise SocketSetupError(f"cannot bind CURVE {_socket_name(kind)} socket to {bind!r}: {exc}") from exc
     sock = ctx.socket(kind)
     try:
         sock.setsockopt(zmq.LINGER, opts.linger_ms)
@@ -137,6 +163,8 @@ def make_socket(
         if kind == zmq.SUB:
             for topic in opts.subscribe:
                 sock.setsockopt(zmq.SUBSCRIBE, topic)
+        if security is not None:
+            apply_curve(sock, security, server=bind is not None)
     except BaseException:
         sock.close(linger=0)
         raise
