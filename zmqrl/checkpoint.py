@@ -14,9 +14,10 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 AGENT_FILE = "agent.pt"
 STATE_FILE = "state.json"
@@ -61,6 +62,8 @@ def save(directory: str | Path, agent_state: dict[str, Any], state: dict[str, An
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    import torch  # here, not at the top: roles that never checkpoint need not load torch
+
     try:
         torch.save(agent_state, tmp / AGENT_FILE)
         write_json_atomic(tmp / STATE_FILE, state)
@@ -123,6 +126,8 @@ def load(directory: str | Path, map_location: str | torch.device = "cpu") -> tup
         raise CheckpointError(f"{state_path}: expected a JSON object")
     if not agent_path.is_file():
         raise CheckpointError(f"{agent_path}: missing")
+    import torch
+
     try:
         agent_state = torch.load(agent_path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many types for corrupt files

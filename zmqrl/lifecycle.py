@@ -5,19 +5,20 @@ from __future__ import annotations
 import logging
 import random
 import signal
+import sys
 from typing import Any
 
 import numpy as np
-import torch
 
 log = logging.getLogger("zmqrl")
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python, numpy and torch global generators."""
+    """Seed Python, numpy and (when this process uses it) torch global generators."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(seed)
 
 
 class StopFlag:

@@ -180,12 +180,6 @@ class DQNAgent(DQNPolicy):
         self.rng.bit_generator.state = state["rng"]
 
 
-def make_policy(cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
-                device: torch.device | str = "cpu", seed: int = 0) -> DQNPolicy:
-    """The acting half of the configured algorithm."""
-    return DQNPolicy(cfg, obs_space, action_space, device, seed)
-
-
 def make_agent(cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                device: torch.device | str = "cpu", seed: int = 0) -> DQNAgent:
     """The configured algorithm, ready to update."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 import zmq
 
 from zmqrl.agents import make_policy
@@ -90,7 +89,6 @@ class Actor:
 
     def __init__(self, cfg: Config, index: int, proxy_addr: str, model_addr: str,
                  run_dir: str | None = None) -> None:
-        torch.set_num_threads(1)
         if cfg.actor.nice:
             lower_priority(cfg.actor.nice)
         self.cfg, self.index, self.run_dir = cfg, index, run_dir
@@ -100,13 +98,13 @@ class Actor:
         seed_everything(self.seed)
         check_env(cfg.env)
         obs_space, act_space = spaces(cfg.env)
-        self.policy = make_policy(cfg.agent, obs_space, act_space, seed=self.seed)
+        self.policy = make_policy(cfg.agent, obs_space, act_space, seed=self.seed, backend=cfg.actor.backend)
         self.epsilon = actor_epsilon(cfg.actor.eps, cfg.actor.eps_alpha, index, cfg.actor.num_actors)
         self.stepper = VectorStepper(make_vector_env(cfg.env, cfg.env.num_envs, self.seed), self.seed)
         self.nstep = NStepBuilder(cfg.env.num_envs, cfg.agent.n_step, cfg.agent.gamma)
         self.priorities = cfg.actor.compute_priorities and cfg.replay.prioritized
 
-        self.ctx = new_context()
+        self.ctx = new_context(cfg.net)
         self.proxy_addr, self.model_addr = proxy_addr, model_addr
         push_opts = options(cfg.net, SocketOptions.push(sndhwm=cfg.actor.send_hwm), data_path=True)
         self.push = make_socket(self.ctx, zmq.PUSH, push_opts, connect=proxy_addr)

@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import torch
 import zmq
 
 from zmqrl import checkpoint
@@ -42,16 +41,15 @@ class Evaluator:
     """One evaluator process."""
 
     def __init__(self, cfg: Config, model_addr: str, report_addr: str, run_dir: str | None = None) -> None:
-        torch.set_num_threads(1)
         self.cfg, self.run_dir = cfg, run_dir
         self.incarnation = new_incarnation()
         seed = cfg.run.seed + 1_000_000
         seed_everything(seed)
         check_env(cfg.env)
         obs_space, act_space = spaces(cfg.env)
-        self.policy = make_policy(cfg.agent, obs_space, act_space, seed=seed)
+        self.policy = make_policy(cfg.agent, obs_space, act_space, seed=seed, backend=cfg.actor.backend)
         self.episodes = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed)
-        self.ctx = new_context()
+        self.ctx = new_context(cfg.net)
         self.model_addr, self.report_addr = model_addr, report_addr
         self.model_limits = limits(cfg.net, MODEL)
         self.sub = make_socket(self.ctx, zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)),
@@ -100,6 +98,9 @@ class Evaluator:
     def _save_best(self, params: dict[str, np.ndarray], version: int, opt_steps: int, mean: float) -> None:
         if not self.run_dir:
             return
+        import torch  # only when saving: the checkpoint format is torch's
+
+        torch.set_num_threads(1)
         agent_state = {"q": {k: torch.from_numpy(v) for k, v in params.items()}}
         checkpoint.save(Path(self.run_dir) / "checkpoints" / "best", agent_state,
                         {"version": version, "opt_steps": opt_steps, "eval_return": mean, "source": "evaluator"})
