@@ -321,3 +321,22 @@ def test_make_replay_and_exports() -> None:
     assert (per.alpha, per.beta0, per.beta_steps, per.eps) == (0.5, 0.2, 7, 0.1)
     assert per.nbytes == per.tree.tree.nbytes
     assert NStepBuilder(1, 1, 0.9).n == 1
+
+
+def test_sumtree_min_positive_matches_brute_force_and_survives_rebuild() -> None:
+    rng = np.random.default_rng(11)
+    tree = SumTree(1000)
+    assert tree.min_positive() == np.inf
+    leaves = np.zeros(1000)
+    for _ in range(200):
+        idx = rng.integers(0, 1000, size=rng.integers(1, 40))
+        vals = rng.random(idx.size) * (rng.random(idx.size) > 0.2)  # some zeros
+        tree.update(idx, vals)
+        for i, v in zip(idx, vals, strict=True):
+            leaves[i] = v
+        positive = leaves[leaves > 0]
+        assert tree.min_positive() == (positive.min() if positive.size else np.inf)
+    copy = SumTree(1000)
+    copy.tree[:] = tree.tree
+    copy.rebuild_min()
+    assert np.array_equal(copy.min_tree[1:], tree.min_tree[1:])

@@ -97,8 +97,7 @@ class PrioritizedReplay(UniformReplay):
         total = self._tree.total()
         targets = (np.arange(batch_size) + self._rng.random(batch_size)) * (total / batch_size)
         indices = self._tree.find(targets)
-        filled = self._tree.leaves[: len(self)]
-        p_min = filled[filled > 0].min()
+        p_min = self._tree.min_positive()
         weights = (self._tree.get(indices) / p_min) ** -beta
         self._sample_calls += 1
         out = self.get(indices)
@@ -141,6 +140,7 @@ class PrioritizedReplay(UniformReplay):
         if tree.shape != self._tree.tree.shape:
             raise ValueError(f"tree: expected shape {self._tree.tree.shape}, got {tree.shape}")
         self._tree.tree[:] = tree
+        self._tree.rebuild_min()
 
 
 def _check_finite(priorities: np.ndarray) -> np.ndarray:

@@ -20,6 +20,9 @@ class SumTree:
         self.num_leaves = 1 << (self.capacity - 1).bit_length()  # leaves, power of two
         self.depth = self.num_leaves.bit_length() - 1  # levels below the root
         self.tree = np.zeros(2 * self.num_leaves, dtype=np.float64)
+        # Min over positive leaves (zero leaves count as +inf), kept beside the sums so that the
+        # smallest priority (for importance-weight normalisation) is O(1) to read, not an O(N) scan.
+        self.min_tree = np.full(2 * self.num_leaves, np.inf)
         self.max_value = 0.0  # running max of every value written
 
     @property
@@ -32,6 +35,21 @@ class SumTree:
     def total(self) -> float:
         """Sum of all leaves."""
         return float(self.tree[1])
+
+    def min_positive(self) -> float:
+        """Smallest positive leaf (inf when every leaf is zero)."""
+        return float(self.min_tree[1])
+
+    def rebuild_min(self) -> None:
+        """Recompute the min tree from the leaves (after the sum tree was loaded wholesale)."""
+        leaves = self.tree[self.num_leaves:]
+        self.min_tree[self.num_leaves:] = np.where(leaves > 0, leaves, np.inf)
+        level = self.num_leaves
+        while level > 1:
+            half = level // 2
+            children = self.min_tree[level:2 * level]
+            self.min_tree[half:level] = np.minimum(children[0::2], children[1::2])
+            level = half
 
     def get(self, indices: np.ndarray) -> np.ndarray:
         """Leaf values at ``indices``."""
@@ -49,12 +67,16 @@ class SumTree:
             raise ValueError("values must be finite and non-negative")
         # np.unique keeps the first occurrence, so search the reversed arrays.
         nodes, last = np.unique(idx[::-1], return_index=True)
-        self.tree[self.num_leaves + nodes] = vals[::-1][last]
+        leaf_values = vals[::-1][last]
+        self.tree[self.num_leaves + nodes] = leaf_values
+        self.min_tree[self.num_leaves + nodes] = np.where(leaf_values > 0, leaf_values, np.inf)
         self.max_value = max(self.max_value, float(vals.max()))
-        nodes = np.unique((nodes + self.num_leaves) >> 1)
+        # Recomputing a parent from its children is idempotent, so repeated parents need no unique().
+        nodes = (nodes + self.num_leaves) >> 1
         for _ in range(self.depth):
             self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
-            nodes = np.unique(nodes >> 1)
+            self.min_tree[nodes] = np.minimum(self.min_tree[2 * nodes], self.min_tree[2 * nodes + 1])
+            nodes >>= 1
 
     def find(self, values: np.ndarray) -> np.ndarray:
         """Leaf index holding each prefix-sum value (first leaf whose cumsum exceeds it).
