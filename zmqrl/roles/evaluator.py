@@ -61,6 +61,7 @@ class Evaluator:
         self.best = -math.inf
         self.last_opt_steps: int | None = None
         self.evaluated = 0
+        self.unsent = 0
         self.ratelog = RateLimitedLog(log, interval=10.0)
 
     def _due(self, opt_steps: int) -> bool:
@@ -86,8 +87,14 @@ class Evaluator:
         returns, lengths = self.episodes.run(self.policy.greedy)
         self.last_opt_steps = opt_steps
         self.evaluated += 1
-        send_frames(self.push, encode_eval("evaluator", self.incarnation, self.seq, msg.version, returns, lengths))
-        self.seq += 1
+        try:  # never block: with the learner gone, a blocking send would hang shutdown
+            send_frames(self.push, encode_eval("evaluator", self.incarnation, self.seq, msg.version, returns, lengths),
+                        flags=zmq.NOBLOCK)
+            self.seq += 1
+        except zmq.Again:
+            self.unsent += 1
+            self.ratelog.warn("unsent", f"evaluator: learner {self.report_addr} is not taking reports; "
+                                        f"{self.unsent} dropped (the best model is still kept here)")
         mean = float(np.mean(returns))
         log.info("evaluator: model v%d (opt %d): return %.1f ± %.1f", msg.version, opt_steps, mean, np.std(returns))
         if mean > self.best:
@@ -116,7 +123,8 @@ class Evaluator:
                     log.info("evaluator: still waiting for a model from %s", self.model_addr)
 
     def close(self) -> None:
-        write_role_stats(self.run_dir, "evaluator", {"evaluated": self.evaluated, "best": self.best})
+        write_role_stats(self.run_dir, "evaluator", {"evaluated": self.evaluated, "best": self.best,
+                                                     "reports_unsent": self.unsent})
         self.link.close()
         self.sub.close(linger=0)
         self.push.close(linger=500)
