@@ -128,6 +128,7 @@ class NetConfig:
     max_message_mb: float = 256.0  # messages larger than this are refused
     heartbeat_ms: int = 500  # ZeroMQ heartbeat interval on model and evaluation links
     heartbeat_timeout_ms: int = 2000  # peer considered gone after this silence
+    data_keepalive_s: int = 60  # data links (no heartbeats) drop a silent peer after about this many seconds
     republish_s: float = 2.0  # learner re-publishes the latest model at least this often
     stats_interval_s: float = 2.0  # roles report counters this often
     peer_wait_s: float = 0.0  # give up waiting for a peer after this; 0 waits forever
@@ -165,7 +166,7 @@ _POSITIVE = {
     "trainer.opt_interval", "trainer.max_opts", "trainer.eval_interval", "trainer.eval_episodes",
     "trainer.record_interval", "trainer.sync_interval", "actor.n_buffer", "actor.num_actors",
     "actor.send_hwm", "net.max_message_mb", "net.heartbeat_ms", "net.heartbeat_timeout_ms",
-    "net.republish_s", "net.stats_interval_s",
+    "net.republish_s", "net.stats_interval_s", "net.data_keepalive_s",
 }
 _UNIT_INTERVAL = {"agent.gamma", "agent.tau", "agent.eps_start", "agent.eps_end", "replay.alpha",
                   "replay.beta0", "actor.eps"}

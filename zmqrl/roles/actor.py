@@ -213,7 +213,9 @@ class Actor:
             self._take_newest_model()
             if self._watch_links():
                 self._poll_links()
-            if self.paused:
+            # Paused by the learner's rate limiter, or cut off from the learner: stepping on would
+            # only fill queues with data from a policy that is getting older by the second.
+            if self.paused or self.links[0].down:
                 paused_at = time.monotonic()
                 self.sub.poll(50, zmq.POLLIN)
                 self.stats.paused_s += time.monotonic() - paused_at

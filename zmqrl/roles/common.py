@@ -61,7 +61,7 @@ def options(net: NetConfig, base: SocketOptions, data_path: bool = False) -> Soc
     security = security_from_net(net)
     if data_path:
         return replace(base, heartbeat_ivl_ms=0, heartbeat_timeout_ms=0, heartbeat_ttl_ms=0, immediate=False,
-                       tcp_keepalive=True, security=security)
+                       tcp_keepalive_s=net.data_keepalive_s, security=security)
     return replace(base, heartbeat_ivl_ms=net.heartbeat_ms, heartbeat_timeout_ms=net.heartbeat_timeout_ms,
                    heartbeat_ttl_ms=net.heartbeat_timeout_ms, security=security)
 

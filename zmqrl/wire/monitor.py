@@ -69,9 +69,14 @@ class LinkMonitor:
             log.warning("%s: a peer on %s failed the %s handshake", self.name, self.address,
                         "authentication" if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH else "protocol")
 
+    @property
+    def down(self) -> bool:
+        """True while the link is lost (after it was up once)."""
+        return self._down_since is not None
+
     def stats(self) -> dict[str, Any]:
         return {"drops": self.drops, "connects": self.up, "auth_failures": self.auth_failures,
-                "longest_outage_s": round(self.longest_outage_s, 3), "down": self._down_since is not None}
+                "longest_outage_s": round(self.longest_outage_s, 3), "down": self.down}
 
     def close(self) -> None:
         self._mon.close(linger=0)

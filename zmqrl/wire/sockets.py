@@ -6,7 +6,7 @@ Choices other code relies on:
 * Heartbeats and back-pressure do not mix: a receiver that stops reading to push
   back stops reading heartbeats too, and the sender's heartbeat timeout then drops
   the connection with what was queued on it. Links that push back should turn
-  heartbeats off and use ``tcp_keepalive`` with ``immediate=False``.
+  heartbeats off and use ``tcp_keepalive_s`` with ``immediate=False``.
 * PUSH sockets (:meth:`SocketOptions.push`) use ``IMMEDIATE=1``: messages are
   only queued to peers whose connection is up, so a sender never round-robins
   batches into the queue of a dead or not-yet-connected peer; when no peer is
@@ -64,7 +64,7 @@ class SocketOptions:
     sndtimeo_ms: int = -1
     immediate: bool = False  # queue only to completed connections (connect side)
     conflate: bool = False  # SUB: keep only the newest single-frame message (models)
-    tcp_keepalive: bool = False  # kernel keepalive probes: idle 5 s, then every 2 s, 3 tries
+    tcp_keepalive_s: int = 0  # >0: kernel keepalive drops a dead peer after about this many seconds
     subscribe: tuple[bytes, ...] = (b"",)  # SUB sockets only: topic prefixes
     security: Security | None = None  # CURVE keys; None: plaintext, no authentication
 
@@ -155,11 +155,11 @@ def make_socket(
         sock.setsockopt(zmq.IMMEDIATE, int(opts.immediate))
         if opts.conflate:
             sock.setsockopt(zmq.CONFLATE, 1)
-        if opts.tcp_keepalive:
+        if opts.tcp_keepalive_s > 0:  # half the time idle, then 5 probes over the other half
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 5)
-            sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 2)
-            sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, opts.tcp_keepalive_s // 2))
+            sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, opts.tcp_keepalive_s // 10))
+            sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 5)
         if kind == zmq.SUB:
             for topic in opts.subscribe:
                 sock.setsockopt(zmq.SUBSCRIBE, topic)
