@@ -104,7 +104,7 @@ class Receiver(threading.Thread):
                     if self.stopping.is_set():
                         return
 
-    def _accept(self, frames: list[Any], lim: Any, where: str) -> None:
+    def _decode(self, frames: list[Any], lim: Any, where: str) -> Message | None:
         try:
             msg = decode(frames, lim)
             if msg.kind == BATCH:
@@ -113,9 +113,13 @@ class Receiver(threading.Thread):
             self.rejected[exc.reason] += 1
             self.ratelog.warn(f"bad-{where}-{exc.reason}", f"learner: dropped a bad message on the {where} "
                                                            f"socket: {exc}")
-            return
+            return None
         self.bytes += msg.nbytes
-        while not self.stopping.is_set():
+        return msg
+
+    def _accept(self, frames: list[Any], lim: Any, where: str) -> None:
+        msg = self._decode(frames, lim, where)
+        while msg is not None and not self.stopping.is_set():
             try:
                 self.inbox.put(msg, timeout=0.1)
                 return
@@ -125,6 +129,20 @@ class Receiver(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.join(timeout=5)
+
+    def drain(self, seconds: float) -> list[Message]:
+        """After :meth:`stop`: what is still queued on the data socket, read for at most ``seconds``."""
+        messages: list[Message] = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                frames = self.data.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            msg = self._decode(frames, self.data_limits, "data")
+            if msg is not None:
+                messages.append(msg)
+        return messages
 
 
 class Learner:
@@ -227,13 +245,17 @@ class Learner:
                     self.receiver.inbox.get_nowait()
             except queue.Empty:
                 break
-            if msg.kind == BATCH:
-                inserted += self._insert(msg)
-            elif msg.kind == STATS:
-                self.proxies[msg.sender] = msg.meta
-            elif msg.kind == EVAL:
-                self._evaluation(msg)
+            inserted += self._dispatch(msg)
         return inserted
+
+    def _dispatch(self, msg: Message) -> int:
+        if msg.kind == BATCH:
+            return self._insert(msg)
+        if msg.kind == STATS:
+            self.proxies[msg.sender] = msg.meta
+        elif msg.kind == EVAL:
+            self._evaluation(msg)
+        return 0
 
     def _insert(self, msg: Message) -> int:
         accept, lost = self.sequences.observe(msg.sender, msg.incarnation, msg.seq)
@@ -385,6 +407,8 @@ class Learner:
     def finish(self) -> dict[str, Any]:
         self.receiver.stop()
         self.ingest(max_messages=self.receiver.inbox.qsize())
+        for msg in self.receiver.drain(seconds=1.0):  # account for what peers already sent
+            self._dispatch(msg)
         summary = self.book.finish(self.summary_extra())
         print_end_table(summary)
         for link in self.links:

@@ -28,7 +28,7 @@ from zmqrl.roles.common import free_port, read_json
 
 log = logging.getLogger("zmqrl")
 
-GRACE_S = 4.0
+GRACE_S = 4.5
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -67,10 +67,20 @@ class Role:
 
 
 def _stop_all(roles: list[Role], grace_s: float = GRACE_S) -> None:
-    for role in roles:
-        if role.alive():
-            role.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    """Stop producers before consumers (actors, then proxy, then the rest) so queued batches land."""
     deadline = time.monotonic() + grace_s
+    stages = [[r for r in roles if r.name.startswith("actor-")], [r for r in roles if r.name == "proxy"]]
+    stages.append([r for r in roles if all(r not in s for s in stages)])
+    for stage in stages:
+        for role in stage:
+            if role.alive():
+                role.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        stage_deadline = min(deadline, time.monotonic() + grace_s / 3)
+        for role in stage:
+            try:
+                role.proc.wait(timeout=max(0.0, stage_deadline - time.monotonic()))  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                pass  # killed below if it is still running at the overall deadline
     for role in roles:
         if role.proc is None:
             continue

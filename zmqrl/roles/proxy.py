@@ -36,6 +36,17 @@ from zmqrl.wire.monitor import LinkMonitor
 log = logging.getLogger("zmqrl")
 
 
+class _Until:
+    """A stop flag that sets itself at a deadline."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    @property
+    def set(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+
 class Proxy:
     """One proxy process: actors' PULL in, learner's PUSH out."""
 
@@ -71,7 +82,7 @@ class Proxy:
                 "actors": {k: dict(v) for k, v in self.per_actor.items()}, "wall_s": round(wall, 3),
                 "auth": auth_counts(self.ctx)}
 
-    def _forward(self, frames: list[Any], stop: StopFlag) -> bool:
+    def _forward(self, frames: list[Any], stop: StopFlag | _Until) -> bool:
         blocked_since = None
         while True:
             try:
@@ -90,7 +101,7 @@ class Proxy:
             self.blocked_s += time.monotonic() - blocked_since
         return True
 
-    def handle(self, frames: list[Any], stop: StopFlag) -> None:
+    def handle(self, frames: list[Any], stop: StopFlag | _Until) -> None:
         """Validate one received message and forward it; drop and count it if bad."""
         try:
             header = peek_header(frames, self.limits)
@@ -111,6 +122,8 @@ class Proxy:
             counts["bytes"] += size
             self.forwarded += 1
             self.bytes += size
+        else:
+            counts["dropped_at_exit"] += 1
 
     def send_stats(self) -> None:
         frames = encode_stats(self.name, self.incarnation, self.stats_seq, {"role": "proxy", **self.stats()})
@@ -139,12 +152,22 @@ class Proxy:
             for link in self.links:
                 link.poll()
 
+    def drain(self, seconds: float) -> None:
+        """On the way out: forward what actors already sent, for at most ``seconds``."""
+        until = _Until(time.monotonic() + seconds)
+        while not until.set:
+            try:
+                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self.handle(frames, until)
+
     def close(self) -> None:
         write_role_stats(self.run_dir, self.name, {**self.stats(), "links": [link.stats() for link in self.links]})
         for link in self.links:
             link.close()
         self.pull.close(linger=0)
-        self.push.close(linger=500)
+        self.push.close(linger=2000)
         self.ctx.term()
 
 
@@ -154,6 +177,7 @@ def run_proxy(cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy
         proxy = Proxy(cfg, bind_addr, learner_addr, name, run_dir)
         try:
             proxy.run(stop)
+            proxy.drain(seconds=1.0)
         finally:
             proxy.close()
     s = proxy.stats()
