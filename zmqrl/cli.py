@@ -147,6 +147,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
 
     register_keygen(sub, handlers)
     register_soak(sub, handlers)
+    from zmqrl.bench import register as register_bench
+
+    register_bench(sub, handlers)
     return parser, handlers
 
 
