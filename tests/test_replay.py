@@ -319,7 +319,7 @@ def test_make_replay_and_exports() -> None:
     per = make_replay(4, prioritized=True, alpha=0.5, beta0=0.2, beta_steps=7, eps=0.1, seed=1)
     assert isinstance(per, PrioritizedReplay)
     assert (per.alpha, per.beta0, per.beta_steps, per.eps) == (0.5, 0.2, 7, 0.1)
-    assert per.nbytes == per.tree.tree.nbytes
+    assert per.nbytes == per.tree.tree.nbytes + per.tree.min_tree.nbytes
     assert NStepBuilder(1, 1, 0.9).n == 1
 
 

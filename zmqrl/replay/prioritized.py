@@ -67,8 +67,8 @@ class PrioritizedReplay(UniformReplay):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of preallocated item storage plus the sum tree."""
-        return super().nbytes + self._tree.tree.nbytes
+        """Bytes of preallocated item storage plus the sum and min trees."""
+        return super().nbytes + self._tree.tree.nbytes + self._tree.min_tree.nbytes
 
     def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
         """Store a batch with max priority, or with the given raw ``priorities``."""

@@ -151,6 +151,7 @@ class Learner:
     def __init__(self, cfg: Config, run_dir: str | Path | None, bind_data: str, bind_model: str,
                  bind_eval: str, resume: bool = False) -> None:
         torch.set_num_threads(1)
+        self.started = time.monotonic()
         self.cfg = cfg
         seed_everything(cfg.run.seed)
         check_env(cfg.env)
@@ -200,6 +201,7 @@ class Learner:
         self._last_params: list[Any] | None = None
         self.pause = False
         self.pauses = 0
+        self.first_batch_s: float | None = None
 
     def _write_endpoints(self) -> None:
         path = self.dir / "endpoints.json"
@@ -276,6 +278,9 @@ class Learner:
         n = len(arrays["reward"])
         self.inserted += n
         self.batches += 1
+        if self.first_batch_s is None:
+            self.first_batch_s = time.monotonic() - self.started
+            log.info("learner: first batch from %s after %.2fs", msg.sender, self.first_batch_s)
         meta = msg.meta
         key = (msg.sender, msg.incarnation)
         if key not in self.actor_steps:
@@ -349,7 +354,7 @@ class Learner:
             "role": "learner", "endpoints": self.endpoints, "replay_size": len(self.replay),
             "transitions_inserted": self.inserted, "samples_per_insert": self.samples_per_insert(),
             "bytes_received": self.receiver.bytes, "models_published": self.published,
-            "rate_limiter_pauses": self.pauses,
+            "rate_limiter_pauses": self.pauses, "first_batch_s": self.first_batch_s,
             "policy_lag": {**self.lag_stats(), "histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
                            "other_line_batches": self.other_line_batches},
             "messages": {"batches_received": self.batches,

@@ -58,7 +58,7 @@ class SocketOptions:
     heartbeat_timeout_ms: int = 3000
     heartbeat_ttl_ms: int = 3000
     reconnect_ivl_ms: int = 100
-    reconnect_ivl_max_ms: int = 2000
+    reconnect_ivl_max_ms: int = 500  # peers started before the learner find it within half a second
     maxmsgsize: int = -1  # bytes per frame; -1: no limit
     rcvtimeo_ms: int = -1  # -1: block forever
     sndtimeo_ms: int = -1
@@ -259,6 +259,8 @@ def drain_latest_model(
     """
     latest: Message | None = None
     bad = 0
+    if not sock.poll(0, zmq.POLLIN):  # the common case, without raising zmq.Again
+        return None, 0
     for _ in range(max_messages):
         try:
             frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
