@@ -152,6 +152,22 @@ def test_resume_with_uniform_replay_holds_only_real_transitions(tmp_path: Path) 
     assert summary["replay_size"] <= new_steps
 
 
+def test_resume_with_checkpoint_replay_restores_its_contents(tmp_path: Path) -> None:
+    """With trainer.checkpoint_replay the resumed run starts with the stored transitions, no new warm-up."""
+    overrides = [*SHORT_RUN, "trainer.max_opts=100", "trainer.checkpoint_replay=true"]
+    first = train(config.load(REPO / "configs" / "cartpole_dqn.yaml", overrides), tmp_path)
+    saved = tmp_path / "checkpoints" / "replay.npz"
+    assert saved.is_file() and first["replay_size"] > 200
+    cfg = config.load(REPO / "configs" / "cartpole_dqn.yaml", [*overrides, "trainer.max_opts=150"])
+    summary = train(cfg, tmp_path, resume=True)
+    assert summary["opt_steps"] == 150
+    new_steps = summary["env_steps"] - first["env_steps"]
+    assert new_steps < 200  # optimisation resumed at once: no second warm-up
+    # Everything stored before plus the new steps, less those still pending in n-step windows.
+    pending = cfg.env.num_envs * (cfg.agent.n_step - 1)
+    assert first["replay_size"] + new_steps - pending <= summary["replay_size"] <= first["replay_size"] + new_steps
+
+
 @pytest.mark.slow
 def test_cartpole_learns(tmp_path: Path) -> None:
     """The shipped config solves CartPole-v1 (greedy evaluation mean >= 475) well inside four minutes."""
