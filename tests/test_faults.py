@@ -97,6 +97,7 @@ def test_actor_killed_learner_keeps_training_and_restarted_actor_rejoins(tmp_pat
     after = job.received("actor-1")
     wait_for(lambda: job.received("actor-1") > after + 5, 30, "more batches from the new actor-1", procs.describe)
     assert procs["learner"].alive() and procs["actor-0"].alive()
+    print(f"after actor SIGKILL: {job.summary()['messages']}, actor-1 {job.summary()['actors']['actor-1']}")
 
 
 @pytest.mark.timeout(150)
@@ -127,6 +128,7 @@ def test_proxy_killed_actor_blocks_bounded_and_resumes_with_exact_accounting(tmp
     assert procs["learner"].stop(15) == 0
     final = job.summary()["messages"]
     assert final["batches_received"] + final["batches_lost"] == sent["sent_seq"], (final, sent)
+    print(f"after proxy SIGKILL: sent {sent['sent_seq']}, {final}")
 
 
 @pytest.mark.timeout(180)
@@ -151,6 +153,8 @@ def test_learner_killed_resumes_from_latest_and_actors_follow(tmp_path: Path, pr
     assert procs["actor-0"].alive() and procs["proxy"].alive(), "actor and proxy must ride through the restart"
     wait_for(lambda: job.summary().get("policy_lag", {}).get("mean") is not None, 30,
              "batches stamped with the resumed learner's versions", procs.describe)
+    print(f"after learner SIGKILL: checkpoint opt {saved['opt_steps']} v{saved['version']}; resumed: "
+          f"opt {job.summary()['opt_steps']} v{job.summary()['model_version']}, {job.summary()['messages']}")
 
 
 @pytest.mark.timeout(120)
