@@ -1146,7 +1146,7 @@ def _describe(runs: list[SolveRun]) -> str:
     text = f"solved {len(solved)}/{len(runs)}"
     if solved:
         text += f" (median {_median([r.solved['env_steps'] for r in solved if r.solved]):,.0f} env steps)"
-    return text
+    return text + "; per seed " + ", ".join(f"{r.seed}: {r.wall_s:.1f} s" for r in runs)
 
 
 def bench_solve(c: Context) -> list[Row]:
