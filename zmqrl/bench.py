@@ -58,6 +58,7 @@ from typing import Any, cast
 import numpy as np
 import zmq
 
+from zmqrl.roles.common import read_json
 from zmqrl.wire import (
     BATCH,
     Limits,
@@ -342,12 +343,6 @@ def _kill_pids(pids: list[int], grace_s: float = 5.0) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -362,7 +357,7 @@ def _child_result(proc: Proc, out: Path, timeout_s: float) -> dict[str, Any]:
     if code is None:
         proc.stop()
         raise proc.failure(f"no result within {timeout_s:.0f}s")
-    result = _read_json(out)
+    result = read_json(out)
     if code != 0 or result is None:
         raise proc.failure("helper failed")
     return result
@@ -748,7 +743,7 @@ def bench_actor(c: Context) -> list[Row]:
             zctx.term()
         sent = actor.stats.batches
         sink.stop()
-        got = (_read_json(out) or {}).get("batches", 0)
+        got = (read_json(out) or {}).get("batches", 0)
     measured, baseline = _median(real), _median(bare)
     c.measured["actor_rate"] = measured
     note = (f"Actor.run ({type(actor.policy).__name__}): PUSH to a sink process, a new model every 0.1 s, "
@@ -1007,7 +1002,7 @@ def _local_env_rate(c: Context, actors: int) -> tuple[float, str]:
         proc = procs.start(f"scaling-{actors}", argv)
         deadline = time.monotonic() + 60.0 + s.scaling_window_s
         while time.monotonic() < deadline:
-            summary = _read_json(summary_path)
+            summary = read_json(summary_path)
             if summary and summary.get("opt_steps", 0) > 0:
                 if first is None:
                     first = summary
@@ -1111,7 +1106,7 @@ def _solve_once(c: Context, kind: str, seed: int, cap_s: float) -> SolveRun:
         proc = procs.start(f"solve-{kind}-{seed}", argv)
         code = _wait_launcher(proc, cap_s + 60.0)
         wall = time.monotonic() - start
-    summary = _read_json(run_dir / "summary.json")
+    summary = read_json(run_dir / "summary.json")
     if summary is None:
         raise proc.failure(f"zmqrl {kind} exited with code {code} and no summary.json")
     return SolveRun(kind, seed, wall, summary.get("solved"), cap_s)
@@ -1135,7 +1130,7 @@ def _sb3_once(c: Context, python: str, seed: int) -> SolveRun:
         proc = procs.start(f"sb3-{seed}", [python, "-c", _SB3_SCRIPT, str(seed), str(SOLVE_RETURN), str(out)])
         code = _wait_launcher(proc, 900.0)
         wall = time.monotonic() - start
-    result = _read_json(out)
+    result = read_json(out)
     if code != 0 or result is None:
         raise proc.failure("the Stable-Baselines3 run failed")
     return SolveRun("sb3", seed, wall, result.get("solved"))

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from zmqrl.roles.common import read_json
+
 MAX_OPTS = 1_000_000_000  # "never" for a soak: the job runs until the soak stops it
 STOP_GRACE_S = 60.0  # the launcher's own grace (a few seconds per role) plus the learner's final save
 ROLE_WAIT_S = 60.0  # how long the roles may take to appear under the launcher
@@ -366,7 +368,7 @@ class Soak:
     def _report(self, log_path: Path) -> int:
         names = [n for n in self.expected if n in self.pids] + sorted(set(self.pids) - set(self.expected))
         rows = growth_table(self.samples, [*names, "launcher"], self.warmup_s)
-        summary = _read_json(self.run_dir / "summary.json")
+        summary = read_json(self.run_dir / "summary.json")
         clean = not self.died and self.stop_rc == 0
         missing = sorted(set(self.expected) - set(self.pids))
         job: dict[str, Any] = {k: summary.get(k) for k in ("opt_steps", "env_steps", "wall_s", "model_version",
@@ -396,12 +398,6 @@ class Soak:
         return 0
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 # --- command line ---------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zmqrl.agents.networks import MLPQNetwork, NatureCNNQNetwork
+from zmqrl.agents.policy import epsilon_greedy
 from zmqrl.config import AgentConfig, ConfigError
 
 
@@ -70,11 +71,7 @@ class DQNPolicy:
 
     def act(self, obs: np.ndarray, epsilon: float | np.ndarray) -> np.ndarray:
         """Epsilon-greedy actions; ``epsilon`` is a scalar or one value per row."""
-        actions = self.greedy(obs)
-        explore = self.rng.random(len(actions)) < epsilon
-        if explore.any():
-            actions[explore] = self.rng.integers(self.num_actions, size=int(explore.sum()))
-        return actions
+        return epsilon_greedy(self.greedy(obs), epsilon, self.rng, self.num_actions)
 
     def params(self) -> dict[str, np.ndarray]:
         """The Q-network parameters as named, contiguous CPU arrays."""

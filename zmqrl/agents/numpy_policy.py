@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import gymnasium as gym
 import numpy as np
 
+from zmqrl.agents.policy import epsilon_greedy
 from zmqrl.config import AgentConfig, ConfigError
 
 
@@ -82,11 +83,7 @@ class NumpyMLPPolicy:
 
     def act(self, obs: np.ndarray, epsilon: float | np.ndarray) -> np.ndarray:
         """Epsilon-greedy actions; ``epsilon`` is a scalar or one value per row."""
-        actions = self.greedy(obs)
-        explore = self.rng.random(len(actions)) < epsilon
-        if explore.any():
-            actions[explore] = self.rng.integers(self.num_actions, size=int(explore.sum()))
-        return actions
+        return epsilon_greedy(self.greedy(obs), epsilon, self.rng, self.num_actions)
 
     def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """|TD error| with the local network standing in for the target (Ape-X actors)."""

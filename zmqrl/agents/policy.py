@@ -5,8 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from zmqrl.config import AgentConfig, ConfigError
+
+
+def epsilon_greedy(greedy_actions: np.ndarray, epsilon: float | np.ndarray, rng: np.random.Generator,
+                   num_actions: int) -> np.ndarray:
+    """Replace each greedy action by a uniform random one with probability ``epsilon`` (scalar or per row)."""
+    explore = rng.random(len(greedy_actions)) < epsilon
+    if explore.any():
+        greedy_actions[explore] = rng.integers(num_actions, size=int(explore.sum()))
+    return greedy_actions
 
 
 def resolve_backend(cfg: AgentConfig, backend: str, device: str = "cpu") -> str:

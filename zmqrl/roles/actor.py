@@ -22,7 +22,7 @@ from zmqrl.config import Config
 from zmqrl.envs import VectorStepper, check_env, make_vector_env, spaces
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.replay import NStepBuilder
-from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
+from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.wire import (
     BATCH,
     MODEL,
@@ -34,7 +34,6 @@ from zmqrl.wire import (
     encode,
     make_socket,
     new_incarnation,
-    send_frames,
 )
 from zmqrl.wire.monitor import LinkMonitor
 
@@ -179,23 +178,14 @@ class Actor:
                 "epsilon": self.epsilon, "stats": self.stats.as_dict()}
         frames = encode(BATCH, sender=self.name, incarnation=self.incarnation, seq=self.seq,
                         version=min(self._batch_versions), arrays=batch, meta=meta)
-        blocked_since = None
-        while True:
-            try:
-                sent = send_frames(self.push, frames, flags=zmq.NOBLOCK)
-                break
-            except zmq.Again:
-                if blocked_since is None:
-                    blocked_since = time.monotonic()
-                    self.ratelog.warn("blocked", f"{self.name}: proxy {self.proxy_addr} is not taking batches; "
-                                                 "waiting (memory stays bounded)")
-                if stop.set:
-                    return
-                self.push.poll(100, zmq.POLLOUT)
-                self._take_newest_model()  # keep the model stream read while blocked
-                self._poll_links()
-        if blocked_since is not None:
-            self.stats.blocked_s += time.monotonic() - blocked_since
+        sent, blocked_s = send_blocking(
+            self.push, frames, stop,
+            on_block=lambda: self.ratelog.warn("blocked", f"{self.name}: proxy {self.proxy_addr} is not taking "
+                                                          "batches; waiting (memory stays bounded)"),
+            while_blocked=self._keep_reading)
+        self.stats.blocked_s += blocked_s
+        if sent is None:
+            return
         self.seq += 1
         self.stats.batches += 1
         self.stats.transitions += len(batch["reward"])
@@ -239,6 +229,11 @@ class Actor:
                          s["env_steps"], s["env_steps_per_s"], s["batches"], self.version, s["blocked_s"])
             if max_env_steps and self.stats.env_steps >= max_env_steps:
                 break
+
+    def _keep_reading(self) -> None:
+        """While blocked on send: keep the model stream and link events read."""
+        self._take_newest_model()
+        self._poll_links()
 
     def _poll_links(self) -> None:
         for link in self.links:

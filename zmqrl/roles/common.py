@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +17,7 @@ import zmq
 
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import ConfigError, NetConfig
-from zmqrl.wire import Limits, SecureContext, Security, SecurityError, SocketOptions
+from zmqrl.wire import Limits, SecureContext, Security, SecurityError, SocketOptions, send_frames
 
 log = logging.getLogger("zmqrl")
 
@@ -125,6 +126,29 @@ def read_json(path: str | Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def send_blocking(sock: zmq.Socket, frames: list[Any], stop: Any, on_block: Callable[[], object],
+                  while_blocked: Callable[[], object]) -> tuple[int | None, float]:
+    """Send with back-pressure: wait while the peer is not taking messages, never past ``stop.set``.
+
+    ``on_block`` runs once when the wait starts (log it), ``while_blocked`` every 100 ms of
+    waiting (keep other sockets read). Returns (bytes sent or None if stopped, seconds blocked).
+    """
+    blocked_since = None
+    while True:
+        try:
+            sent = send_frames(sock, frames, flags=zmq.NOBLOCK)
+            break
+        except zmq.Again:
+            if blocked_since is None:
+                blocked_since = time.monotonic()
+                on_block()
+            if stop.set:
+                return None, time.monotonic() - blocked_since
+            sock.poll(100, zmq.POLLOUT)
+            while_blocked()
+    return sent, (time.monotonic() - blocked_since if blocked_since is not None else 0.0)
 
 
 class Every:

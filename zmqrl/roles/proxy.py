@@ -17,7 +17,7 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag
-from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, write_role_stats
+from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.wire import (
     BATCH,
     RateLimitedLog,
@@ -83,23 +83,13 @@ class Proxy:
                 "auth": auth_counts(self.ctx)}
 
     def _forward(self, frames: list[Any], stop: StopFlag | _Until) -> bool:
-        blocked_since = None
-        while True:
-            try:
-                send_frames(self.push, frames, flags=zmq.NOBLOCK)
-                break
-            except zmq.Again:
-                if blocked_since is None:
-                    blocked_since = time.monotonic()
-                    self.ratelog.warn("blocked", f"{self.name}: learner {self.learner_addr} is not taking "
-                                                 "batches; holding actors back")
-                if stop.set:
-                    return False
-                self.push.poll(100, zmq.POLLOUT)
-                self.links[0].poll()
-        if blocked_since is not None:
-            self.blocked_s += time.monotonic() - blocked_since
-        return True
+        sent, blocked_s = send_blocking(
+            self.push, frames, stop,
+            on_block=lambda: self.ratelog.warn("blocked", f"{self.name}: learner {self.learner_addr} is not "
+                                                          "taking batches; holding actors back"),
+            while_blocked=self.links[0].poll)
+        self.blocked_s += blocked_s
+        return sent is not None
 
     def handle(self, frames: list[Any], stop: StopFlag | _Until) -> None:
         """Validate one received message and forward it; drop and count it if bad."""
