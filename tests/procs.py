@@ -7,7 +7,6 @@ from SIGTERM to SIGKILL, and :class:`Procs` cleans up whatever a test started, e
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,9 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from zmqrl.roles.common import read_json  # noqa: F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
@@ -32,15 +33,6 @@ def zmqrl_argv(role: str, *args: str, overrides: Iterable[str] = ()) -> list[str
     """``python -m zmqrl.cli ROLE configs/cartpole_dqn.yaml ARGS --set K=V ...``."""
     sets = [a for o in overrides for a in ("--set", o)]
     return [sys.executable, "-m", "zmqrl.cli", role, str(CONFIG), *args, *sets]
-
-
-def read_json(path: str | Path) -> dict[str, Any] | None:
-    """A JSON object file, or None while it is missing or being replaced."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, diag: Callable[[], str] | None = None,
