@@ -33,7 +33,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     summary = train(cfg, args.run_dir, resume=args.resume)
-    return 0 if summary["stop_reason"] != "interrupted" else 130 if args.strict_exit else 0
+    interrupted = summary["stop_reason"] == "interrupted"
+    return 130 if interrupted and args.strict_exit else 0
 
 
 def cmd_learner(args: argparse.Namespace) -> int:

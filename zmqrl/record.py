@@ -83,7 +83,7 @@ class Progress:
         if now - self._last >= self.interval_s:
             self._last = now
             text = " ".join(f"{k}={_fmt(v)}" for k, v in fields.items())
-            log.info("%s %d  %s", "opt" if self.bar is None else "", n, text)
+            log.info("opt %d  %s", n, text)
 
     def close(self) -> None:
         if self.bar is not None:

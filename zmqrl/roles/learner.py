@@ -230,12 +230,10 @@ class Learner:
     def _new_subscribers(self) -> bool:
         """True when a subscriber joined since the last look (XPUB subscription messages)."""
         joined = False
-        while True:
-            try:
-                event = self.pub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return joined
+        while self.pub.poll(0, zmq.POLLIN):  # checked every loop: no zmq.Again raised in the common case
+            event = self.pub.recv(zmq.NOBLOCK)
             joined |= bool(event) and event[0] == 1
+        return joined
 
     # --- data in ------------------------------------------------------------------------------
     def ingest(self, timeout: float = 0.0, max_messages: int = 64) -> int:
