@@ -1,13 +1,14 @@
-"""Shared fixtures: the shipped CartPole config, loadable with ``--set`` overrides."""
+"""Shared fixtures: the shipped CartPole config with ``--set`` overrides, and role processes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from procs import Procs
 from zmqrl import config
 from zmqrl.config import Config
 
@@ -25,3 +26,13 @@ def cartpole_cfg() -> Callable[..., Config]:
         return config.load(CARTPOLE_YAML, list(overrides))
 
     return make
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    """The processes a test starts; all stopped at the end, whatever happened."""
+    group = Procs(tmp_path)
+    try:
+        yield group
+    finally:
+        group.stop_all()

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +42,6 @@ from procs import (  # noqa: E402
 
 SEED = "run.seed=7"
 GOT_MODEL = re.compile(r"got model version (\d+) after ([0-9.]+)s")
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    """The processes a test starts; all stopped at the end, whatever happened."""
-    group = Procs(tmp_path)
-    try:
-        yield group
-    finally:
-        group.stop_all()
 
 
 def tcp(port: int) -> str:

@@ -10,7 +10,6 @@ import os
 import pickle
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,6 @@ from zmqrl.wire import encode
 
 FAST = ["net.stats_interval_s=0.5", "trainer.warmup=200", "trainer.stop_return=null", "trainer.max_opts=10000000",
         "trainer.eval_interval=100000", "actor.n_buffer=64"]
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_all()
 
 
 class Job:
