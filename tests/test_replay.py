@@ -148,7 +148,8 @@ def test_save_load_round_trip(tmp_path: Path, prioritized: bool) -> None:
         np.testing.assert_array_equal(restored, value)
     if isinstance(src, PrioritizedReplay):
         assert isinstance(dst, PrioritizedReplay)
-        np.testing.assert_array_equal(dst.tree.tree, src.tree.tree)
+        np.testing.assert_array_equal(dst.tree.leaves, src.tree.leaves)
+        np.testing.assert_array_equal(dst.tree.block_mins, src.tree.block_mins)
         assert dst.beta == src.beta
     for _ in range(3):
         a, b = src.sample(16), dst.sample(16)
@@ -164,40 +165,47 @@ def test_save_load_round_trip(tmp_path: Path, prioritized: bool) -> None:
 # ---------------------------------------------------------------- sum tree
 
 
-def test_sumtree_rounds_capacity_up() -> None:
-    assert SumTree(1).num_leaves == 1
-    assert SumTree(5).num_leaves == 8
-    assert SumTree(8).num_leaves == 8
+def test_sumtree_blocks_and_single_leaf() -> None:
+    assert (SumTree(1).block, SumTree(1).num_blocks) == (1, 1)
+    assert (SumTree(5).block, SumTree(5).num_blocks) == (8, 1)
+    assert (SumTree(1000).block, SumTree(1000).num_blocks) == (256, 4)
+    assert SumTree(100_000).nbytes / 100_000 < 4.2  # 4-byte leaves plus small per-block sums
+    with pytest.raises(ValueError, match="power of two"):
+        SumTree(10, block=3)
     tree = SumTree(1)
     tree.update(np.array([0]), np.array([2.5]))
     assert tree.total() == 2.5
     np.testing.assert_array_equal(tree.find(np.array([0.0, 1.0, 9.0])), [0, 0, 0])
 
 
-def test_sumtree_matches_brute_force() -> None:
+@pytest.mark.parametrize(("capacity", "block"), [(37, None), (37, 4), (1000, 16), (3, 1)])
+def test_sumtree_matches_brute_force(capacity: int, block: int | None) -> None:
     rng = np.random.default_rng(0)
-    tree = SumTree(37)
-    ref = np.zeros(37)
+    tree = SumTree(capacity, block)
+    ref = np.zeros(capacity, dtype=np.float32)
     for _ in range(50):
-        idx = rng.integers(0, 37, size=rng.integers(1, 20))  # repeats likely
+        idx = rng.integers(0, capacity, size=rng.integers(1, 20))  # repeats likely
         vals = rng.random(idx.size) * rng.choice([0.0, 1.0, 100.0], size=idx.size)
         tree.update(idx, vals)
         for i, v in zip(idx, vals, strict=True):  # sequential: last write wins
             ref[i] = v
         np.testing.assert_array_equal(tree.leaves, ref)
-        assert tree.total() == pytest.approx(ref.sum(), rel=1e-12)
-        internal = np.arange(1, tree.num_leaves)
-        np.testing.assert_allclose(tree.tree[internal], tree.tree[2 * internal] + tree.tree[2 * internal + 1])
-        if ref.sum() == 0:
+        exact = ref.astype(np.float64)
+        assert tree.total() == pytest.approx(exact.sum(), rel=1e-12)
+        blocks = np.pad(exact, (0, tree.num_blocks * tree.block - capacity)).reshape(tree.num_blocks, -1)
+        np.testing.assert_allclose(tree.block_sums, blocks.sum(axis=1), rtol=1e-12)
+        if exact.sum() == 0:
             continue
-        queries = rng.random(200) * ref.sum()
-        expected = np.searchsorted(np.cumsum(ref), queries, side="right")
-        np.testing.assert_array_equal(tree.find(queries), expected)
+        queries = rng.random(200) * exact.sum()
+        expected = np.searchsorted(np.cumsum(exact), queries, side="right")
+        found = tree.find(queries)
+        near_edge = np.abs(np.cumsum(exact)[np.minimum(expected, capacity - 1)] - queries) < 1e-9
+        np.testing.assert_array_equal(found[~near_edge], expected[~near_edge])
         assert tree.max_value >= ref.max()
 
 
 def test_sumtree_find_never_returns_zero_leaf() -> None:
-    tree = SumTree(10)  # 16 leaves, 6 of them never written
+    tree = SumTree(10, block=4)  # 3 blocks, 2 padding leaves never written
     vals = np.array([0.0, 0.3, 0.0, 0.1, 0.7, 0.0, 0.2, 0.9, 0.0, 0.0])
     tree.update(np.arange(10), vals)
     total = tree.total()
@@ -222,7 +230,7 @@ def test_sumtree_find_never_returns_zero_leaf() -> None:
 def test_sumtree_round_off_fallback_picks_nonzero_leaf() -> None:
     tree = SumTree(4)
     tree.update(np.arange(3), np.array([1.0, 2.0, 3.0]))
-    tree.tree[1] += 1e-6  # simulate an internal sum slightly above its children
+    tree.block_sums[0] += 1e-6  # simulate a block sum slightly above its leaves
     leaves = tree.find(np.array([6.0000005]))
     np.testing.assert_array_equal(leaves, [2])
 
@@ -303,12 +311,12 @@ def test_update_priorities_changes_frequencies() -> None:
 def test_non_finite_priorities_raise(bad: float) -> None:
     buf = PrioritizedReplay(4, seed=0)
     buf.add(make_batch(0, 2))
-    before = buf.tree.tree.copy()
+    before = buf.tree.leaves.copy()
     with pytest.raises(ValueError, match="NaN or inf"):
         buf.update_priorities(np.array([0, 1]), np.array([1.0, bad]))
     with pytest.raises(ValueError, match="NaN or inf"):
         buf.add(make_batch(2, 1), priorities=np.array([bad]))
-    np.testing.assert_array_equal(buf.tree.tree, before)
+    np.testing.assert_array_equal(buf.tree.leaves, before)
     assert len(buf) == 2
     with pytest.raises(IndexError):
         buf.update_priorities(np.array([2]), np.array([1.0]))
@@ -319,7 +327,7 @@ def test_make_replay_and_exports() -> None:
     per = make_replay(4, prioritized=True, alpha=0.5, beta0=0.2, beta_steps=7, eps=0.1, seed=1)
     assert isinstance(per, PrioritizedReplay)
     assert (per.alpha, per.beta0, per.beta_steps, per.eps) == (0.5, 0.2, 7, 0.1)
-    assert per.nbytes == per.tree.tree.nbytes + per.tree.min_tree.nbytes
+    assert per.nbytes == per.tree.nbytes
     assert NStepBuilder(1, 1, 0.9).n == 1
 
 
@@ -327,7 +335,7 @@ def test_sumtree_min_positive_matches_brute_force_and_survives_rebuild() -> None
     rng = np.random.default_rng(11)
     tree = SumTree(1000)
     assert tree.min_positive() == np.inf
-    leaves = np.zeros(1000)
+    leaves = np.zeros(1000, dtype=np.float32)
     for _ in range(200):
         idx = rng.integers(0, 1000, size=rng.integers(1, 40))
         vals = rng.random(idx.size) * (rng.random(idx.size) > 0.2)  # some zeros
@@ -337,6 +345,31 @@ def test_sumtree_min_positive_matches_brute_force_and_survives_rebuild() -> None
         positive = leaves[leaves > 0]
         assert tree.min_positive() == (positive.min() if positive.size else np.inf)
     copy = SumTree(1000)
-    copy.tree[:] = tree.tree
-    copy.rebuild_min()
-    assert np.array_equal(copy.min_tree[1:], tree.min_tree[1:])
+    copy.load_leaves(tree.leaves)
+    assert np.array_equal(copy.block_mins, tree.block_mins)
+    np.testing.assert_array_equal(copy.block_sums, tree.block_sums)
+    with pytest.raises(ValueError, match="finite"):
+        copy.load_leaves(np.full(1000, np.nan))
+
+
+def test_replay_files_with_a_binary_tree_still_load(tmp_path: Path) -> None:
+    src = PrioritizedReplay(6, seed=0)
+    src.add(make_batch(0, 5), priorities=np.array([0.5, 1.0, 2.0, 0.0, 3.0]))
+    path = tmp_path / "new.npz"
+    src.save(str(path))
+    with np.load(path) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    tree = np.zeros(16)  # the earlier layout: 8 leaves at [8, 16), sums above
+    tree[8:14] = arrays.pop("priorities")
+    for node in range(7, 0, -1):
+        tree[node] = tree[2 * node] + tree[2 * node + 1]
+    old = tmp_path / "old.npz"
+    np.savez(old, tree=tree, **arrays)
+    dst = PrioritizedReplay(6, seed=0)
+    dst.load(str(old))
+    np.testing.assert_array_equal(dst.tree.leaves, src.tree.leaves)
+    assert dst.tree.total() == pytest.approx(src.tree.total())
+    np.testing.assert_array_equal(dst.sample(8)["indices"], src.sample(8)["indices"])
+    np.savez(old, **arrays)
+    with pytest.raises(ValueError, match="no 'priorities'"):
+        PrioritizedReplay(6).load(str(old))

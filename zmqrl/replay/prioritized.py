@@ -30,8 +30,9 @@ class PrioritizedReplay(UniformReplay):
         beta_steps: int = 100_000,
         eps: float = 1e-6,
         seed: int | None = None,
+        frame_stack: int = 0,
     ) -> None:
-        super().__init__(capacity, seed)
+        super().__init__(capacity, seed, frame_stack)
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         if not 0 <= beta0 <= 1:
@@ -67,8 +68,8 @@ class PrioritizedReplay(UniformReplay):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of preallocated item storage plus the sum and min trees."""
-        return super().nbytes + self._tree.tree.nbytes + self._tree.min_tree.nbytes
+        """Bytes of item storage plus the priorities' sum tree."""
+        return super().nbytes + self._tree.nbytes
 
     def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
         """Store a batch with max priority, or with the given raw ``priorities``."""
@@ -133,14 +134,22 @@ class PrioritizedReplay(UniformReplay):
         self._tree.max_value = float(d["tree_max"])
 
     def _extra_arrays(self) -> dict[str, np.ndarray]:
-        return {"tree": self._tree.tree}
+        return {"priorities": self._tree.leaves}
 
     def _load_extra_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
-        tree = arrays["tree"]
-        if tree.shape != self._tree.tree.shape:
-            raise ValueError(f"tree: expected shape {self._tree.tree.shape}, got {tree.shape}")
-        self._tree.tree[:] = tree
-        self._tree.rebuild_min()
+        if "priorities" in arrays:
+            leaves = arrays["priorities"]
+        elif "tree" in arrays:  # files written before the two-level tree: a binary tree, leaves at the end
+            tree = arrays["tree"]
+            num_leaves = 1 << (self.capacity - 1).bit_length()
+            if tree.shape != (2 * num_leaves,):
+                raise ValueError(f"tree: expected shape {(2 * num_leaves,)}, got {tree.shape}")
+            leaves = tree[num_leaves : num_leaves + self.capacity]
+        else:
+            raise ValueError("no 'priorities' array in the replay file")
+        if leaves.shape != (self.capacity,):
+            raise ValueError(f"priorities: expected shape {(self.capacity,)}, got {leaves.shape}")
+        self._tree.load_leaves(leaves)
 
 
 def _check_finite(priorities: np.ndarray) -> np.ndarray:

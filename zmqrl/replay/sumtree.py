@@ -1,59 +1,72 @@
-"""Array-backed sum tree with vectorised updates and prefix-sum search."""
+"""Two-level sum tree over float32 leaves: prefix-sum search and running minimum, vectorised."""
 
 from __future__ import annotations
 
 import numpy as np
 
+MAX_BLOCK = 256  # leaves per block; a sample touches one block per draw
+
 
 class SumTree:
-    """Binary sum tree over ``capacity`` non-negative leaf values.
+    """Sum tree of fan-out ``block`` and depth two over ``capacity`` non-negative leaf values.
 
-    The internal leaf count is ``capacity`` rounded up to a power of two. Nodes
-    live in the flat float64 array ``tree`` (root at 1, children of ``i`` at
-    ``2i`` and ``2i + 1``, leaf ``j`` at ``num_leaves + j``); index 0 is unused.
+    Leaves are float32 and grouped in blocks of ``block`` (a power of two); each block keeps its
+    float64 sum and its minimum positive leaf. That costs 4 bytes per item plus 16 bytes per
+    block, where a binary float64 tree with a min tree costs 32 bytes per item (more after
+    rounding up to a power of two), which for small items such as CartPole transitions is more
+    than the items themselves. A search walks the cumulative block sums, then one block.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, block: int | None = None) -> None:
         if int(capacity) < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
-        self.num_leaves = 1 << (self.capacity - 1).bit_length()  # leaves, power of two
-        self.depth = self.num_leaves.bit_length() - 1  # levels below the root
-        self.tree = np.zeros(2 * self.num_leaves, dtype=np.float64)
-        # Min over positive leaves (zero leaves count as +inf), kept beside the sums so that the
-        # smallest priority (for importance-weight normalisation) is O(1) to read, not an O(N) scan.
-        self.min_tree = np.full(2 * self.num_leaves, np.inf)
+        self.block = int(block) if block is not None else min(MAX_BLOCK, 1 << (self.capacity - 1).bit_length())
+        if self.block < 1 or self.block & (self.block - 1):
+            raise ValueError(f"block must be a power of two, got {self.block}")
+        self._shift = self.block.bit_length() - 1
+        self.num_blocks = -(-self.capacity // self.block)
+        self._leaves = np.zeros(self.num_blocks * self.block, dtype=np.float32)  # padding stays 0
+        self.block_sums = np.zeros(self.num_blocks, dtype=np.float64)
+        # Min over positive leaves per block (zero leaves count as +inf), so that the smallest
+        # priority (for importance-weight normalisation) needs no O(N) scan.
+        self.block_mins = np.full(self.num_blocks, np.inf)
         self.max_value = 0.0  # running max of every value written
 
     @property
     def leaves(self) -> np.ndarray:
         """Read-only view of the ``capacity`` leaf values."""
-        view = self.tree[self.num_leaves : self.num_leaves + self.capacity]
+        view = self._leaves[: self.capacity]
         view.flags.writeable = False
         return view
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by leaves, block sums and block minima."""
+        return self._leaves.nbytes + self.block_sums.nbytes + self.block_mins.nbytes
+
     def total(self) -> float:
         """Sum of all leaves."""
-        return float(self.tree[1])
+        return float(self.block_sums.sum())
 
     def min_positive(self) -> float:
         """Smallest positive leaf (inf when every leaf is zero)."""
-        return float(self.min_tree[1])
+        return float(self.block_mins.min())
 
-    def rebuild_min(self) -> None:
-        """Recompute the min tree from the leaves (after the sum tree was loaded wholesale)."""
-        leaves = self.tree[self.num_leaves:]
-        self.min_tree[self.num_leaves:] = np.where(leaves > 0, leaves, np.inf)
-        level = self.num_leaves
-        while level > 1:
-            half = level // 2
-            children = self.min_tree[level:2 * level]
-            self.min_tree[half:level] = np.minimum(children[0::2], children[1::2])
-            level = half
+    def load_leaves(self, values: np.ndarray) -> None:
+        """Replace every leaf at once (from a checkpoint) and recompute the blocks."""
+        vals = np.asarray(values).reshape(-1)
+        if vals.shape != (self.capacity,):
+            raise ValueError(f"expected {self.capacity} leaf values, got {vals.size}")
+        if not np.all(np.isfinite(vals)) or np.any(vals < 0):
+            raise ValueError("leaf values must be finite and non-negative")
+        self._leaves[: self.capacity] = vals
+        self._refresh(np.arange(self.num_blocks))
+        self.max_value = max(self.max_value, float(vals.max()))
 
     def get(self, indices: np.ndarray) -> np.ndarray:
-        """Leaf values at ``indices``."""
-        return self.tree[self.num_leaves + self._check_indices(indices)]
+        """Leaf values at ``indices`` (float64)."""
+        return self._leaves[self._check_indices(indices)].astype(np.float64)
 
     def update(self, indices: np.ndarray, values: np.ndarray) -> None:
         """Set leaves; with repeated indices the last write wins."""
@@ -67,16 +80,15 @@ class SumTree:
             raise ValueError("values must be finite and non-negative")
         # np.unique keeps the first occurrence, so search the reversed arrays.
         nodes, last = np.unique(idx[::-1], return_index=True)
-        leaf_values = vals[::-1][last]
-        self.tree[self.num_leaves + nodes] = leaf_values
-        self.min_tree[self.num_leaves + nodes] = np.where(leaf_values > 0, leaf_values, np.inf)
+        self._leaves[nodes] = vals[::-1][last]
         self.max_value = max(self.max_value, float(vals.max()))
-        # Recomputing a parent from its children is idempotent, so repeated parents need no unique().
-        nodes = (nodes + self.num_leaves) >> 1
-        for _ in range(self.depth):
-            self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
-            self.min_tree[nodes] = np.minimum(self.min_tree[2 * nodes], self.min_tree[2 * nodes + 1])
-            nodes >>= 1
+        self._refresh(np.unique(nodes >> self._shift))
+
+    def _refresh(self, blocks: np.ndarray) -> None:
+        """Recompute the sums and minima of ``blocks`` from their leaves (no drift accumulates)."""
+        rows = self._leaves.reshape(self.num_blocks, self.block)[blocks]
+        self.block_sums[blocks] = rows.sum(axis=1, dtype=np.float64)
+        self.block_mins[blocks] = np.where(rows > 0, rows, np.inf).min(axis=1)
 
     def find(self, values: np.ndarray) -> np.ndarray:
         """Leaf index holding each prefix-sum value (first leaf whose cumsum exceeds it).
@@ -85,25 +97,23 @@ class SumTree:
         float round-off is replaced by the nearest non-zero leaf before it (or
         after it if there is none before).
         """
-        total = self.total()
+        ends = np.cumsum(self.block_sums)
+        total = float(ends[-1])
         if total <= 0.0:
             raise ValueError("cannot search an empty sum tree")
         v = np.clip(np.asarray(values, dtype=np.float64).reshape(-1), 0.0, np.nextafter(total, 0.0))
-        node = np.ones(v.shape, dtype=np.int64)
-        for _ in range(self.depth):
-            left = 2 * node
-            left_sum = self.tree[left]
-            right = v >= left_sum
-            v = np.where(right, v - left_sum, v)
-            node = np.where(right, left + 1, left)
-        leaf = node - self.num_leaves
-        bad = self.tree[node] <= 0.0
+        blocks = np.minimum(np.searchsorted(ends, v, side="right"), self.num_blocks - 1)
+        v = v - (ends[blocks] - self.block_sums[blocks])  # offset inside the chosen block
+        prefix = np.cumsum(self._leaves.reshape(self.num_blocks, self.block)[blocks], axis=1, dtype=np.float64)
+        inside = np.minimum((prefix <= v[:, None]).sum(axis=1), self.block - 1)
+        leaf = (blocks << self._shift) + inside
+        bad = self._leaves[leaf] <= 0.0
         if np.any(bad):
             leaf[bad] = self._nearest_nonzero(leaf[bad])
         return leaf
 
     def _nearest_nonzero(self, leaf: np.ndarray) -> np.ndarray:
-        nonzero = np.flatnonzero(self.tree[self.num_leaves :] > 0.0)
+        nonzero = np.flatnonzero(self._leaves > 0.0)
         pos = np.searchsorted(nonzero, leaf, side="right") - 1
         return nonzero[np.maximum(pos, 0)]
 
