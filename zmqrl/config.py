@@ -78,6 +78,7 @@ class ReplayConfig:
     beta0: float = 0.4  # initial importance-sampling exponent
     beta_steps: int = 20_000  # optimisation steps over which beta anneals to 1
     priority_eps: float = 1e-6  # added to |td error| before the exponent
+    dedup_frames: bool = True  # store each distinct uint8 image frame of obs/next_obs once
 
 
 @dataclass

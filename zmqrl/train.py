@@ -32,10 +32,16 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
     return end + (start - end) * max(0.0, 1.0 - step / decay_steps)
 
 
+STACKING_WRAPPERS = ("atari", "frame_stack")  # wrappers that stack env.frame_stack frames on axis 0
+
+
 def make_replay_from(cfg: Config) -> Any:
+    """The configured replay; image frames are stored once unless ``replay.dedup_frames`` is off."""
     r = cfg.replay
+    stacked = any(w in STACKING_WRAPPERS for w in cfg.env.wrappers)
+    frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1
     return make_replay(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, r.priority_eps,
-                       seed=cfg.run.seed + 7)
+                       seed=cfg.run.seed + 7, frame_stack=frame_stack)
 
 
 def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:

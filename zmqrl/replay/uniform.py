@@ -1,4 +1,4 @@
-"""Uniform experience replay over a preallocated ring buffer."""
+"""Uniform experience replay over a preallocated ring buffer, with image frames stored once."""
 
 from __future__ import annotations
 
@@ -9,9 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from zmqrl.replay.frames import FramePool
+
 RESERVED_KEYS = ("indices", "weights")
+FRAME_KEYS = ("obs", "next_obs")  # image keys whose frames go to the shared frame pool
 _STATE_KEY = "state"
 _STORAGE_PREFIX = "storage:"
+_REFS_PREFIX = "frame_refs:"
+_FRAMES_KEY = "frames"
 
 
 class UniformReplay:
@@ -19,13 +24,25 @@ class UniformReplay:
 
     Storage is allocated on the first ``add`` from the keys, per-item shapes and
     dtypes of that batch; every later batch must match that schema exactly.
+
+    With ``frame_stack`` >= 1, uint8 image observations (``obs`` and ``next_obs`` with at
+    least two dimensions per item) are split into frames, ``frame_stack`` of them stacked
+    along the first axis (a single frame per item if the shape does not match), and each
+    distinct frame is stored once in a :class:`~zmqrl.replay.frames.FramePool`; the ring
+    holds int32 frame slots for them. ``get`` and ``sample`` return the same arrays either way.
     """
 
-    def __init__(self, capacity: int, seed: int | None = None) -> None:
+    def __init__(self, capacity: int, seed: int | None = None, frame_stack: int = 0) -> None:
         if int(capacity) < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if int(frame_stack) < 0:
+            raise ValueError(f"frame_stack must be >= 0, got {frame_stack}")
         self._capacity = int(capacity)
-        self._storage: dict[str, np.ndarray] = {}
+        self._frame_stack = int(frame_stack)
+        self._schema: dict[str, tuple[tuple[int, ...], np.dtype]] = {}  # key -> per-item shape, dtype
+        self._storage: dict[str, np.ndarray] = {}  # ring arrays of the keys stored as given
+        self._frame_refs: dict[str, np.ndarray] = {}  # ring arrays of frame slots, (capacity, frames)
+        self._pool: FramePool | None = None
         self._ptr = 0  # next storage slot to write
         self._size = 0  # number of filled slots
         self._added = 0  # items ever added (including dropped oversize items)
@@ -47,8 +64,14 @@ class UniformReplay:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of preallocated item storage (0 before the first ``add``)."""
-        return sum(a.nbytes for a in self._storage.values())
+        """Bytes of item storage (0 before the first ``add``): ring arrays plus frames in use."""
+        ring = sum(a.nbytes for a in self._storage.values()) + sum(a.nbytes for a in self._frame_refs.values())
+        return ring + (self._pool.nbytes if self._pool is not None else 0)
+
+    @property
+    def frame_keys(self) -> tuple[str, ...]:
+        """Keys whose frames are stored once in the frame pool (empty when none are)."""
+        return tuple(self._frame_refs)
 
     # ------------------------------------------------------------------ writing
     def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
@@ -63,19 +86,22 @@ class UniformReplay:
             prio = np.asarray(priorities, dtype=np.float64).reshape(-1)
             if prio.shape[0] != n:
                 raise ValueError(f"priorities has length {prio.shape[0]}, batch has {n}")
-        if not self._storage:
+        if not self._schema:
             self._allocate(arrays)
         if n > self._capacity:
             arrays = {k: v[n - self._capacity :] for k, v in arrays.items()}
             prio = None if prio is None else prio[n - self._capacity :]
         self._added += n
         n_keep = min(n, self._capacity)
+        indices = (self._ptr + np.arange(n_keep, dtype=np.int64)) % self._capacity
+        rows = dict(arrays)
+        if self._frame_refs:
+            rows.update(self._intern_frames(arrays, indices))
         first = min(n_keep, self._capacity - self._ptr)
-        for key, arr in arrays.items():
-            store = self._storage[key]
+        for key, arr in rows.items():
+            store = self._frame_refs[key] if key in self._frame_refs else self._storage[key]
             store[self._ptr : self._ptr + first] = arr[:first]
             store[: n_keep - first] = arr[first:]
-        indices = (self._ptr + np.arange(n_keep, dtype=np.int64)) % self._capacity
         self._ptr = (self._ptr + n_keep) % self._capacity
         self._size = min(self._size + n_keep, self._capacity)
         self._on_write(indices, prio)
@@ -83,6 +109,23 @@ class UniformReplay:
 
     def _on_write(self, indices: np.ndarray, priorities: np.ndarray | None) -> None:
         """Hook for subclasses: called after items are written at ``indices``."""
+
+    def _intern_frames(self, arrays: Mapping[str, np.ndarray], indices: np.ndarray) -> dict[str, np.ndarray]:
+        """Frame slots for the frame keys of a batch about to be written at ``indices``.
+
+        New frames are interned before the overwritten items release theirs, so a frame the
+        batch shares with an evicted item is kept, not freed and stored again.
+        """
+        assert self._pool is not None
+        keys = list(self._frame_refs)
+        per_item = self._frame_refs[keys[0]].shape[1]
+        n = indices.size
+        frames = np.concatenate([arrays[k].reshape(n * per_item, *self._pool.frame_shape) for k in keys])
+        slots = self._pool.intern(frames).reshape(len(keys), n, per_item)
+        evicted = indices[indices < self._size]
+        if evicted.size:
+            self._pool.release(np.concatenate([self._frame_refs[k][evicted].reshape(-1) for k in keys]))
+        return {k: slots[i] for i, k in enumerate(keys)}
 
     def _check_batch(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         """Validate a batch against the stored schema; return arrays and length."""
@@ -98,23 +141,47 @@ class UniformReplay:
         if len(set(lengths.values())) != 1:
             raise ValueError(f"all keys need the same leading length, got {lengths}")
         n = next(iter(lengths.values()))
-        if self._storage:
-            missing = sorted(set(self._storage) - set(arrays))
-            extra = sorted(set(arrays) - set(self._storage))
+        if self._schema:
+            missing = sorted(set(self._schema) - set(arrays))
+            extra = sorted(set(arrays) - set(self._schema))
             if missing:
-                raise ValueError(f"batch is missing key {missing[0]!r} (expected keys {sorted(self._storage)})")
+                raise ValueError(f"batch is missing key {missing[0]!r} (expected keys {sorted(self._schema)})")
             if extra:
-                raise ValueError(f"batch has unexpected key {extra[0]!r} (expected keys {sorted(self._storage)})")
+                raise ValueError(f"batch has unexpected key {extra[0]!r} (expected keys {sorted(self._schema)})")
             for key, arr in arrays.items():
-                store = self._storage[key]
-                if arr.shape[1:] != store.shape[1:]:
-                    raise ValueError(f"key {key!r}: expected per-item shape {store.shape[1:]}, got {arr.shape[1:]}")
-                if arr.dtype != store.dtype:
-                    raise ValueError(f"key {key!r}: expected dtype {store.dtype}, got {arr.dtype}")
+                shape, dtype = self._schema[key]
+                if arr.shape[1:] != shape:
+                    raise ValueError(f"key {key!r}: expected per-item shape {shape}, got {arr.shape[1:]}")
+                if arr.dtype != dtype:
+                    raise ValueError(f"key {key!r}: expected dtype {dtype}, got {arr.dtype}")
         return arrays, n
 
     def _allocate(self, arrays: Mapping[str, np.ndarray]) -> None:
-        self._storage = {k: np.zeros((self._capacity, *a.shape[1:]), dtype=a.dtype) for k, a in arrays.items()}
+        self._schema = {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}
+        frame_keys = self._frame_layout()
+        self._storage = {k: np.zeros((self._capacity, *shape), dtype=dtype)
+                         for k, (shape, dtype) in self._schema.items() if k not in frame_keys}
+        if frame_keys:
+            self._use_frames(frame_keys)
+
+    def _frame_layout(self) -> list[str]:
+        """The frame keys of the schema, if frames are to be stored once (else empty)."""
+        if self._frame_stack < 1:
+            return []
+        keys = [k for k in FRAME_KEYS if k in self._schema]
+        if not keys or len({self._schema[k] for k in keys}) != 1:
+            return []
+        shape, dtype = self._schema[keys[0]]
+        return keys if dtype == np.uint8 and len(shape) >= 2 else []
+
+    def _use_frames(self, keys: list[str]) -> None:
+        shape, dtype = self._schema[keys[0]]
+        per_item = self._frame_stack if len(shape) >= 3 and shape[0] == self._frame_stack else 1
+        frame_shape = shape[1:] if per_item > 1 else shape
+        # Frames alive ~ one per item plus each episode's first frames; more grows the pool.
+        reserve = min(2 * per_item * self._capacity, self._capacity + self._capacity // 4 + 1024)
+        self._pool = FramePool(frame_shape, dtype, reserve)
+        self._frame_refs = {k: np.zeros((self._capacity, per_item), dtype=np.int32) for k in keys}
 
     # ------------------------------------------------------------------ reading
     def get(self, indices: np.ndarray) -> dict[str, np.ndarray]:
@@ -122,7 +189,11 @@ class UniformReplay:
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self._size):
             raise IndexError(f"indices must lie in [0, {self._size})")
-        return {k: v[idx] for k, v in self._storage.items()}
+        out = {k: v[idx] for k, v in self._storage.items()}
+        if self._pool is not None:
+            for key, refs in self._frame_refs.items():
+                out[key] = self._pool.gather(refs[idx]).reshape(idx.shape + self._schema[key][0])
+        return out
 
     def sample(self, batch_size: int) -> dict[str, np.ndarray]:
         """Sample ``batch_size`` items uniformly with replacement."""
@@ -171,8 +242,12 @@ class UniformReplay:
 
     def save(self, path: str) -> None:
         """Write all storage and state to a single ``.npz`` file at exactly ``path``."""
-        state = json.dumps(self.state_dict()).encode("utf-8")
+        frames = {k: [list(shape), dtype.str] for k, (shape, dtype) in self._schema.items() if k in self._frame_refs}
+        state = json.dumps({**self.state_dict(), "frame_schema": frames}).encode("utf-8")
         arrays = {_STORAGE_PREFIX + k: v for k, v in self._storage.items()}
+        arrays.update({_REFS_PREFIX + k: v for k, v in self._frame_refs.items()})
+        if self._pool is not None:
+            arrays[_FRAMES_KEY] = self._pool.frames[: self._pool.high]
         arrays.update(self._extra_arrays())
         arrays[_STATE_KEY] = np.frombuffer(state, dtype=np.uint8)
         tmp = f"{path}.tmp"
@@ -185,12 +260,37 @@ class UniformReplay:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
         state = json.loads(arrays.pop(_STATE_KEY).tobytes().decode("utf-8"))
+        frame_schema = {k: (tuple(shape), np.dtype(dtype))
+                        for k, (shape, dtype) in state.pop("frame_schema", {}).items()}
         storage = {
             name[len(_STORAGE_PREFIX) :]: arrays.pop(name) for name in list(arrays) if name.startswith(_STORAGE_PREFIX)
         }
-        for key, arr in storage.items():
+        refs = {name[len(_REFS_PREFIX) :]: arrays.pop(name) for name in list(arrays) if name.startswith(_REFS_PREFIX)}
+        for key, arr in {**storage, **refs}.items():
             if arr.shape[:1] != (self._capacity,):
                 raise ValueError(f"key {key!r}: stored length {arr.shape[:1]} != capacity {self._capacity}")
+        if sorted(refs) != sorted(frame_schema):
+            raise ValueError(f"frame keys {sorted(refs)} do not match the file's frame schema {sorted(frame_schema)}")
+        frames = arrays.pop(_FRAMES_KEY, None)
         self.load_state_dict(state)
+        self._schema = {**{k: (tuple(a.shape[1:]), a.dtype) for k, a in storage.items()}, **frame_schema}
         self._storage = storage
+        self._frame_refs, self._pool = {}, None
+        if refs:
+            self._load_frames(frame_schema, refs, frames)
         self._load_extra_arrays(arrays)
+
+    def _load_frames(self, schema: Mapping[str, tuple[tuple[int, ...], np.dtype]], refs: Mapping[str, np.ndarray],
+                     frames: np.ndarray | None) -> None:
+        if frames is None:
+            raise ValueError("the file has frame slots but no frames")
+        shape, dtype = next(iter(schema.values()))
+        per_item = next(iter(refs.values())).shape[1]
+        frame_shape = shape[1:] if per_item > 1 else shape
+        self._pool = FramePool(frame_shape, dtype, max(frames.shape[0], 1))
+        live = np.concatenate([r[: self._size].reshape(-1) for r in refs.values()]).astype(np.int64)
+        if live.size and (live.min() < 0 or live.max() >= frames.shape[0]):
+            raise ValueError(f"frame slots point outside the {frames.shape[0]} stored frames")
+        refcount = np.bincount(live, minlength=frames.shape[0]).astype(np.int32)
+        self._pool.load_arrays({"frames": frames, "refcount": refcount})
+        self._frame_refs = {k: np.ascontiguousarray(r, dtype=np.int32) for k, r in refs.items()}
