@@ -97,6 +97,8 @@ def test_replay_rows(tmp_path: Path) -> None:
         assert positive_finite(row["ratio"]) and row["met"] is not None
     frames = rows[1]
     assert frames["baseline"] == 2 * 4 * 84 * 84  # obs and next_obs stacks of one transition
+    assert 84 * 84 / frames["baseline"] < frames["ratio"] < 0.35  # about one frame per transition is kept
+    assert "each distinct frame stored once" in frames["note"]
 
 
 @pytest.mark.slow
