@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from zmqrl.agents import DQNAgent, DQNPolicy, make_agent, make_policy, resolve_device
 from zmqrl.agents.networks import MLPQNetwork, NatureCNNQNetwork
+from zmqrl.agents.staging import BatchStager
 from zmqrl.config import AgentConfig, ConfigError
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
@@ -417,3 +418,44 @@ def test_huber_reference_matches_torch() -> None:
     td = torch.tensor([-3.0, -0.5, 0.0, 0.2, 2.5])
     ours = torch.where(td.abs() < 1, 0.5 * td**2, td.abs() - 0.5)
     torch.testing.assert_close(F.smooth_l1_loss(td, torch.zeros(5), reduction="none"), ours)
+
+
+def test_stager_on_cpu_shares_memory_with_the_arrays() -> None:
+    stage = BatchStager("cpu")
+    obs = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = stage({"obs": obs, "action": np.array([0, 1, 1])})
+    assert not stage.pinned and out["obs"].data_ptr() == obs.ctypes.data  # no copy
+    assert out["action"].dtype == torch.int64 and out["action"].tolist() == [0, 1, 1]
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_stager_on_cuda_reuses_pinned_buffers_without_overwriting_transfers() -> None:
+    stage = BatchStager("cuda")
+    batches = [{"obs": np.full((256, 4, 84, 84), k, dtype=np.uint8), "reward": np.full(256, k, np.float32)}
+               for k in range(6)]
+    outs = [stage(b) for b in batches]  # three rounds through the two buffers
+    torch.cuda.synchronize()
+    assert stage.pinned and all(b["obs"].is_pinned() for b in stage._buffers)
+    for k, out in enumerate(outs):
+        assert out["obs"].device.type == "cuda"
+        assert int(out["obs"].min()) == int(out["obs"].max()) == k
+        assert float(out["reward"].sum()) == 256 * k
+
+
+@needs_cuda
+def test_update_on_cuda_matches_cpu() -> None:
+    rng = np.random.default_rng(0)
+    batch = {"obs": rng.standard_normal((32, 4)).astype(np.float32), "action": rng.integers(0, 2, 32),
+             "reward": rng.random(32).astype(np.float32), "next_obs": rng.standard_normal((32, 4)).astype(np.float32),
+             "discount": np.full(32, 0.97, np.float32), "weights": rng.random(32).astype(np.float32)}
+    cpu = DQNAgent(agent_cfg(), OBS_SPACE, ACT_SPACE, "cpu", seed=3)
+    gpu = DQNAgent(agent_cfg(), OBS_SPACE, ACT_SPACE, "cuda", seed=3)
+    gpu.load_state_dict(cpu.state_dict())
+    for _ in range(5):
+        m_cpu, p_cpu = cpu.update(batch)
+        m_gpu, p_gpu = gpu.update(batch)
+        np.testing.assert_allclose(p_gpu, p_cpu, rtol=1e-4, atol=1e-5)
+        assert m_gpu["loss"] == pytest.approx(m_cpu["loss"], rel=1e-4, abs=1e-6)

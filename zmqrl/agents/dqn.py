@@ -21,6 +21,7 @@ from torch import nn
 
 from zmqrl.agents.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.policy import epsilon_greedy
+from zmqrl.agents.staging import BatchStager
 from zmqrl.config import AgentConfig, ConfigError
 
 
@@ -109,17 +110,26 @@ class DQNAgent(DQNPolicy):
         self.target.requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.opt_steps = 0
+        self._stage = BatchStager(self.device)
+
+    METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm")
+    BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
 
     def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
-        """One gradient step on a sampled batch; returns metrics and |TD error| priorities."""
-        obs = self._tensor(batch["obs"])
-        action = self._tensor(batch["action"]).long().unsqueeze(1)
-        reward = self._tensor(batch["reward"]).float()
-        discount = self._tensor(batch["discount"]).float()
-        weights = self._tensor(batch["weights"]).float() if "weights" in batch else torch.ones_like(reward)
+        """One gradient step on a sampled batch; returns metrics and |TD error| priorities.
+
+        The batch reaches the device through :class:`BatchStager` (pinned and non-blocking on
+        CUDA), and metrics and priorities come back in one device-to-host copy.
+        """
+        t = self._stage({k: batch[k] for k in self.BATCH_KEYS if k in batch})
+        obs = t["obs"]
+        action = t["action"].long().unsqueeze(1)
+        reward = t["reward"].float()
+        discount = t["discount"].float()
+        weights = t["weights"].float() if "weights" in t else torch.ones_like(reward)
 
         with torch.no_grad():
-            next_obs = self._tensor(batch["next_obs"])
+            next_obs = t["next_obs"]
             target_q = self.target(next_obs)
             if self.cfg.double:
                 next_action = self.q(next_obs).argmax(dim=1, keepdim=True)
@@ -139,19 +149,18 @@ class DQNAgent(DQNPolicy):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.max_grad_norm > 0:
-            grad_norm = float(nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm))
+            grad_norm = nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm)
         else:
-            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in self.q.parameters()
-                                                      if p.grad is not None])))
+            grad_norm = torch.norm(torch.stack([p.grad.norm() for p in self.q.parameters() if p.grad is not None]))
         self.optimizer.step()
         self.opt_steps += 1
         if self.opt_steps % self.cfg.target_update_interval == 0:
             self.update_target()
 
-        td_abs = td.detach().abs()
-        metrics = {"loss": loss.item(), "q_mean": q.detach().mean().item(), "td_abs_mean": td_abs.mean().item(),
-                   "grad_norm": grad_norm}
-        return metrics, td_abs.cpu().numpy().astype(np.float32)
+        td_abs = td.detach().abs().float()
+        stats = torch.stack([loss.detach(), q.detach().mean(), td_abs.mean(), grad_norm.detach()]).float()
+        host = torch.cat([stats, td_abs]).cpu().numpy()
+        return dict(zip(self.METRICS, host[:4].tolist(), strict=True)), host[4:].astype(np.float32)
 
     @torch.no_grad()
     def update_target(self) -> None:

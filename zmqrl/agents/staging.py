@@ -1,0 +1,55 @@
+"""Host -> device transfer of sampled batches: pinned, double-buffered, non-blocking on CUDA.
+
+On a CPU device a batch becomes tensors that share memory with the numpy arrays (no copy).
+On CUDA each key has two page-locked host buffers used in turn: the arrays are copied into the
+free one and sent with ``non_blocking=True``, so the copy overlaps with work already queued on
+the GPU. Before a buffer is refilled, the event recorded after its last transfer is waited on,
+so a transfer still reading it is never overwritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+
+class BatchStager:
+    """Turns a dict of numpy arrays into tensors on ``device``."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.pinned = self.device.type == "cuda"
+        self._buffers: list[dict[str, torch.Tensor]] = [{}, {}]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Tensors on the device for every array of ``batch`` (same shapes and dtypes)."""
+        if not self.pinned:
+            return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+        turn = self._turn
+        self._turn ^= 1
+        event = self._events[turn]
+        if event is not None:
+            event.synchronize()  # the last transfer out of this buffer has finished reading it
+        buffers = self._buffers[turn]
+        out = {}
+        for key, array in batch.items():
+            host = self._host_buffer(buffers, key, np.asarray(array))
+            out[key] = host.to(self.device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._events[turn] = done
+        return out
+
+    @staticmethod
+    def _host_buffer(buffers: dict[str, torch.Tensor], key: str, array: np.ndarray) -> torch.Tensor:
+        """``array`` copied into this turn's pinned buffer for ``key`` (reallocated if the shape changed)."""
+        buf = buffers.get(key)
+        if buf is None or tuple(buf.shape) != array.shape or buf.numpy().dtype != array.dtype:
+            buf = torch.from_numpy(np.empty(array.shape, dtype=array.dtype)).pin_memory()
+            buffers[key] = buf
+        buf.numpy()[...] = array
+        return buf
