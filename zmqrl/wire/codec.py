@@ -42,6 +42,7 @@ Spec = tuple[str, np.dtype, tuple[int, ...], int]  # name, dtype, shape, nbytes
 PACK_MAGIC = b"ZQP1"  # first bytes of a packed single-frame message (a JSON header starts with "{")
 PACK_ALIGN = 8
 HEADER_FIELDS = frozenset({"p", "v", "kind", "sender", "inc", "seq", "ver", "arrays", "meta"})
+_DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in ALLOWED_DTYPES}  # parsed once, not per array
 
 
 # --------------------------------------------------------------------------- helpers
@@ -65,19 +66,20 @@ def _check_text(value: object, what: str, max_chars: int) -> str:
 
 
 def _meta_depth_ok(meta: object, max_depth: int) -> bool:
-    """Iteratively check that containers inside ``meta`` nest at most ``max_depth`` deep."""
-    stack: list[tuple[object, int]] = [(meta, 1)]
+    """Iteratively check that containers inside ``meta`` nest at most ``max_depth`` deep.
+
+    Only containers go on the stack (scalars, the bulk of a meta, are skipped in place).
+    """
+    if not isinstance(meta, (dict, list)):
+        return True
+    stack: list[tuple[dict[Any, Any] | list[Any], int]] = [(meta, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
         if depth > max_depth:
             return False
-        stack.extend((child, depth + 1) for child in children)
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
     return True
 
 
@@ -121,13 +123,14 @@ def _array_specs(entries: object, limits: Limits) -> list[Spec]:
         if name in names:
             raise WireError("header", f"duplicate array name {name!r}")
         names.add(name)
-        if not isinstance(dtype_str, str) or dtype_str not in ALLOWED_DTYPES:
+        dtype = _DTYPES.get(dtype_str) if isinstance(dtype_str, str) else None
+        if dtype is None:
             raise WireError("dtype", f"array {name!r}: dtype {_short(dtype_str)} not allowed")
         if not isinstance(shape, list) or len(shape) > MAX_NDIM:
             raise WireError("shape", f"array {name!r}: shape must be a list of at most {MAX_NDIM} ints")
-        if not all(_is_int(d) and 0 <= d <= MAX_INT for d in shape):
-            raise WireError("shape", f"array {name!r}: shape {_short(shape)} must hold ints >= 0")
-        dtype = np.dtype(dtype_str)
+        for d in shape:
+            if type(d) is not int or not 0 <= d <= MAX_INT:  # (bool is not an int here)
+                raise WireError("shape", f"array {name!r}: shape {_short(shape)} must hold ints >= 0")
         nbytes = math.prod(shape) * dtype.itemsize
         total += nbytes
         if total > limits.max_message_bytes:
