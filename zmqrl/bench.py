@@ -638,7 +638,7 @@ def _register_noise_frames() -> None:
 
 def bench_replay(c: Context) -> list[Row]:
     """Bytes per stored transition for CartPole and for stacked Atari-sized frames (configured replay)."""
-    from zmqrl.train import make_replay_from
+    from zmqrl.bookkeeping import make_replay_from
 
     cfg = _load_config(c.settings)
     replay = make_replay_from(cfg)
@@ -835,6 +835,7 @@ def _learner_window(c: Context, cfg: Any, pool: dict[str, np.ndarray], pool_path
     cfg = copy.deepcopy(cfg)
     with contextlib.redirect_stderr(io.StringIO()):  # the progress view binds stderr here: keep it quiet
         learner = Learner(cfg, c.path(f"learner-{tag}"), _free_addr(), _free_addr(), _free_addr())
+        learner.agent_ready(block=True)  # (built in the background): measure training, not its startup
     learner.replay.add({k: pool[k] for k in TRANSITION_KEYS}, priorities=pool["priority"])
     stop = StopFlag()
     window: dict[str, float] = {}
@@ -976,19 +977,18 @@ def _wait_launcher(proc: Proc, timeout_s: float) -> int:
 
 
 def _startup_once(c: Context, k: int) -> float:
-    """Seconds from launching ``zmqrl local`` to the learner's first optimisation step on the first batch.
+    """Seconds from launching ``zmqrl local`` to the first transition in the learner's replay.
 
-    With ``trainer.warmup`` = one actor batch and ``trainer.save_interval=1`` the learner writes
-    ``checkpoints/1`` right after the first batch lands in replay (one sample + update + save later,
-    a few ms), so that directory's appearance (an atomic rename) marks the first transition.
+    The learner writes ``RUN_DIR/first_batch.json`` (an atomic rename) right after it inserts its
+    first batch, so that file's appearance, polled from here every 5 ms, marks the first
+    transition in replay. The run uses the config as it is (no overrides but the seed).
     """
+    from zmqrl.roles.learner import FIRST_BATCH_FILE
+
     s = c.settings
-    cfg = _load_config(s)
     run_dir = c.path(f"startup-{k}")
-    marker = run_dir / "checkpoints" / "1"
-    argv = _zmqrl_argv("local", str(s.config), "--actors", "2", "--run-dir", str(run_dir), "--set", "run.seed=0",
-                       "--set", f"trainer.warmup={max(cfg.actor.n_buffer, cfg.agent.batch_size)}",
-                       "--set", "trainer.save_interval=1")
+    marker = run_dir / FIRST_BATCH_FILE
+    argv = _zmqrl_argv("local", str(s.config), "--actors", "2", "--run-dir", str(run_dir), "--set", "run.seed=0")
     with Procs(c.logs) as procs:
         procs.sweep_args.append(str(run_dir))
         start = time.monotonic()
@@ -1007,7 +1007,7 @@ def bench_startup(c: Context) -> list[Row]:
     times = [_startup_once(c, k) for k in range(s.startup_reps)]
     measured = _median(times)
     note = (f"launch of `zmqrl local CONFIG --actors 2` (learner, proxy, 2 actors, evaluator) -> first batch in "
-            f"replay (checkpoints/1 with warmup = one batch, save_interval=1); runs: "
+            f"replay (the learner's first_batch.json appears); runs: "
             f"{', '.join(f'{t:.2f}' for t in times)} s; baseline = goal, ratio = goal/median")
     return [make_row("startup_s", measured, 3.0, "s", note, (">=", 1.0), ratio=3.0 / measured)]
 

@@ -16,17 +16,34 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from zmqrl import checkpoint
 from zmqrl.config import Config, dump, to_flat_dict
 from zmqrl.core import Agent
 from zmqrl.record import Progress, TensorBoardRecorder
+from zmqrl.replay import make_replay
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("zmqrl")
+
+STACKING_WRAPPERS = ("atari", "frame_stack")  # wrappers that stack env.frame_stack frames on axis 0
+
+
+def make_replay_from(cfg: Config) -> Any:
+    """The configured replay; image frames are stored once unless ``replay.dedup_frames`` is off.
+
+    Torch-free, so the learner can build its replay and start inserting before torch has loaded.
+    """
+    r = cfg.replay
+    stacked = any(w in STACKING_WRAPPERS for w in cfg.env.wrappers)
+    frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1
+    return make_replay(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, r.priority_eps,
+                       seed=cfg.run.seed + 7, frame_stack=frame_stack)
 
 
 def prepare_run_dir(cfg: Config, run_dir: str | Path | None) -> Path:
@@ -102,9 +119,14 @@ class ReplayCheckpointer:
 
 
 class Bookkeeper:
-    """Counts steps, decides when to record, evaluate, save and stop, and writes the run directory."""
+    """Counts steps, decides when to record, evaluate, save and stop, and writes the run directory.
 
-    def __init__(self, cfg: Config, run_dir: Path, agent: Agent,
+    Nothing here needs torch until the first checkpoint or record: the agent may be attached
+    later (the learner counts incoming batches while torch loads), and the TensorBoard writer
+    is opened on first use (or ahead of time with :meth:`open_recorder`, off the main thread).
+    """
+
+    def __init__(self, cfg: Config, run_dir: Path, agent: Agent | None,
                  extra_state: Callable[[], dict[str, Any]] | None = None, replay: Any = None) -> None:
         self.cfg = cfg
         self.tc = cfg.trainer
@@ -112,9 +134,8 @@ class Bookkeeper:
         self.ckpt_dir = run_dir / "checkpoints"
         self.agent = agent
         self.extra_state = extra_state or (lambda: {})
-        self.recorder = TensorBoardRecorder(run_dir / "tb")
-        self.recorder.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in to_flat_dict(cfg).items())
-                           + "\n```")
+        self._recorder: TensorBoardRecorder | None = None
+        self._recorder_lock = threading.Lock()
         self.progress = Progress(self.tc.max_opts)
         self.env_steps = 0
         self.opt_steps = 0
@@ -134,6 +155,22 @@ class Bookkeeper:
         self._last_latest = time.monotonic()
         self.replay_ckpt = ReplayCheckpointer(replay, self.ckpt_dir) if replay is not None and \
             cfg.trainer.checkpoint_replay else None
+
+    # --- records (TensorBoard) ----------------------------------------------------------------
+    @property
+    def recorder(self) -> TensorBoardRecorder:
+        """The TensorBoard writer (imports torch's SummaryWriter on first use)."""
+        return self._recorder or self.open_recorder()
+
+    def open_recorder(self) -> TensorBoardRecorder:
+        """Open the TensorBoard writer now (safe from any thread) and write the config text once."""
+        with self._recorder_lock:
+            if self._recorder is None:
+                recorder = TensorBoardRecorder(self.dir / "tb")
+                recorder.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in to_flat_dict(self.cfg).items())
+                              + "\n```")
+                self._recorder = recorder
+            return self._recorder
 
     # --- counters ---------------------------------------------------------------------------
     @property
@@ -229,8 +266,15 @@ class Bookkeeper:
                 "version": self.version, "best_eval": self.best_eval if self.evals else None,
                 "elapsed_s": self.wall_s, "evals": self.evals, **self.extra_state()}
 
+    def _attached(self) -> Agent:
+        if self.agent is None:
+            raise RuntimeError("Bookkeeper: no agent attached yet")
+        return self.agent
+
     def save(self, name: str, extra: dict[str, Any] | None = None) -> Path:
-        agent_state = dict(self.agent.state_dict())
+        import torch
+
+        agent_state = dict(self._attached().state_dict())
         agent_state["torch_rng"] = torch.get_rng_state()
         path = checkpoint.save(self.ckpt_dir / name, agent_state, {**self.state(), **(extra or {})})
         if name == "latest":
@@ -241,10 +285,12 @@ class Bookkeeper:
 
     def restore(self, name: str = "latest") -> dict[str, Any]:
         """Load ``checkpoints/NAME`` into the agent and counters; returns its state for the caller."""
+        import torch
+
         agent_state, state = checkpoint.load(self.ckpt_dir / name, map_location=self.agent_device())
         torch_rng = agent_state.pop("torch_rng", None)
         try:
-            self.agent.load_state_dict(agent_state)
+            self._attached().load_state_dict(agent_state)
         except (KeyError, RuntimeError, ValueError) as exc:
             raise checkpoint.CheckpointError(
                 f"{checkpoint.resolve(self.ckpt_dir / name) / checkpoint.AGENT_FILE}: does not fit this "
@@ -264,6 +310,8 @@ class Bookkeeper:
         return state
 
     def agent_device(self) -> torch.device:
+        import torch
+
         return getattr(self.agent, "device", torch.device("cpu"))
 
     # --- the end ----------------------------------------------------------------------------

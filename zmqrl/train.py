@@ -16,11 +16,11 @@ import torch
 
 from zmqrl import checkpoint
 from zmqrl.agents import make_agent, resolve_device
-from zmqrl.bookkeeping import Bookkeeper, prepare_run_dir
+from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir
 from zmqrl.config import Config, ConfigError
 from zmqrl.envs import GreedyEvaluator, VectorStepper, check_env, make_vector_env, spaces
 from zmqrl.lifecycle import StopFlag, seed_everything
-from zmqrl.replay import NStepBuilder, make_replay
+from zmqrl.replay import NStepBuilder
 
 log = logging.getLogger("zmqrl")
 
@@ -30,18 +30,6 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
     if decay_steps <= 0:
         return end
     return end + (start - end) * max(0.0, 1.0 - step / decay_steps)
-
-
-STACKING_WRAPPERS = ("atari", "frame_stack")  # wrappers that stack env.frame_stack frames on axis 0
-
-
-def make_replay_from(cfg: Config) -> Any:
-    """The configured replay; image frames are stored once unless ``replay.dedup_frames`` is off."""
-    r = cfg.replay
-    stacked = any(w in STACKING_WRAPPERS for w in cfg.env.wrappers)
-    frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1
-    return make_replay(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, r.priority_eps,
-                       seed=cfg.run.seed + 7, frame_stack=frame_stack)
 
 
 def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:

@@ -1,35 +1,43 @@
 """Learner: owns replay and the agent; trains on what actors send and publishes versioned models.
 
-Recipe: build the agent, replay and bookkeeping (shared with ``zmqrl train``), bind the data
-PULL, the evaluation PULL and the model XPUB, start a receiver thread that decodes and
-validates messages into a bounded inbox, then loop: move what arrived into replay, optimise,
-update priorities, and every ``trainer.sync_interval`` steps publish the model with the next
-version. The latest model is re-published when a subscriber appears and every
-``net.republish_s`` seconds, so late joiners never wait for the next sync.
+Recipe: build replay and bookkeeping (shared with ``zmqrl train``), bind the data PULL, the
+evaluation PULL and the model XPUB, then loop: every ``INGEST_INTERVAL_S`` read, decode and
+validate what has arrived and move it into replay, optimise, update priorities, and every
+``trainer.sync_interval`` steps publish the model with the next version. The latest model is
+re-published when a subscriber appears and every ``net.republish_s`` seconds, so late joiners
+never wait for the next sync.
+
+Startup does not wait for torch (seconds to import on a small machine): for MLP Q-networks the
+learner publishes model version 0 drawn with numpy, starts receiving and inserting into the
+(numpy-only) replay at once, and imports torch and builds the agent in a background thread; the
+agent adopts those same version-0 parameters, so every actor acts with the model the learner
+trains. Optimisation starts once the agent is built and replay holds ``trainer.warmup``
+transitions. Resuming, and other networks, build the agent first as before.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import queue
+import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+import gymnasium as gym
 import numpy as np
-import torch
 import zmq
 
-from zmqrl.agents import make_agent, resolve_device
-from zmqrl.bookkeeping import Bookkeeper, prepare_run_dir
+from zmqrl.agents.numpy_policy import mlp_param_shapes
+from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config
+from zmqrl.core import Agent
 from zmqrl.envs import check_env, spaces
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, read_json
-from zmqrl.train import make_replay_from, require_checkpoint, restore_replay
 from zmqrl.wire import (
     BATCH,
     EVAL,
@@ -51,6 +59,27 @@ from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
+FIRST_BATCH_FILE = "first_batch.json"  # in the run directory, written once the first batch is in replay
+INGEST_INTERVAL_S = 0.05  # while training, read and insert what arrived this often (bursts amortise costs)
+GROUP_BYTES = 1 << 20  # join batches into one replay.add up to this size (beyond it the copy costs more)
+T = TypeVar("T")
+
+
+def _groups(batches: list[Message]) -> list[list[Message]]:
+    """Runs of consecutive batches that can be joined: same fields, dtypes and item shapes, small."""
+    groups: list[list[Message]] = []
+    last: tuple[Any, ...] | None = None
+    size = 0
+    for msg in batches:
+        sig = tuple((k, a.dtype, a.shape[1:]) for k, a in msg.arrays.items())
+        if groups and sig == last and size + msg.nbytes <= GROUP_BYTES:
+            groups[-1].append(msg)
+            size += msg.nbytes
+        else:
+            groups.append([msg])
+            last, size = sig, msg.nbytes
+    return groups
+
 
 def _number(meta: dict[str, Any], key: str, default: float = 0.0) -> float:
     value = meta.get(key, default)
@@ -70,39 +99,103 @@ def _episodes(meta: dict[str, Any]) -> tuple[list[float], list[int]]:
     return [float(r) for r in returns], [int(n) for n in lengths]
 
 
-class Receiver(threading.Thread):
-    """Receives, decodes and validates messages off the optimisation thread, into a bounded inbox.
+def initial_params(cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space) -> \
+        dict[str, np.ndarray] | None:
+    """Model version 0 without torch: the MLP Q-network's parameters drawn like torch's default
+    ``nn.Linear`` init (weights and biases uniform in +-1/sqrt(fan_in)), seeded by ``run.seed``.
 
-    The inbox is bounded: when the learner falls behind, the receiver stops reading, ZeroMQ's
-    queues fill, and back-pressure reaches the actors. Memory stays bounded everywhere.
+    None where the agent is not a DQN MLP (the learner then builds the agent before publishing).
+    """
+    if cfg.agent.algo != "dqn" or cfg.agent.network != "mlp" or not isinstance(action_space, gym.spaces.Discrete):
+        return None
+    shapes = mlp_param_shapes(cfg.agent, int(np.prod(obs_space.shape or ())), int(action_space.n))
+    rng = np.random.default_rng(cfg.run.seed)
+    params = {}
+    for name, shape in shapes.items():
+        fan_in = shapes[name.rsplit(".", 1)[0] + ".weight"][1]
+        bound = 1.0 / math.sqrt(fan_in)
+        params[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return params
+
+
+class Background(threading.Thread, Generic[T]):
+    """Runs one function in a daemon thread and keeps its result or the exception it raised."""
+
+    def __init__(self, fn: Callable[[], T], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fn = fn
+        self.result: T | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # handed to the thread that asks for the result
+            self.error = exc
+
+    def get(self) -> T:
+        """The result once the thread has finished (call after ``join``); re-raises its exception."""
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+class Receiver:
+    """Reads, decodes and validates what has arrived on the data and evaluation sockets.
+
+    It runs on the optimisation thread, between steps, a burst of messages at a time. ZeroMQ's
+    own I/O thread already receives in the background without the GIL; a Python receiver
+    thread took the GIL at every message and stalled the optimiser's many short torch calls
+    (on two busy cores the learner kept ~0.7 of its idle step rate while ingesting 4 actors'
+    batches with one, ~0.95 without; ``zmqrl bench --only learner``). Back-pressure is as
+    before: while the learner is not reading, ZeroMQ's bounded queues (``rcvhwm``) fill and the
+    senders block, so memory stays bounded everywhere.
     """
 
-    def __init__(self, data: zmq.Socket, evals: zmq.Socket, cfg: Config, inbox_size: int = 256) -> None:
-        super().__init__(name="receiver", daemon=True)
+    def __init__(self, data: zmq.Socket, evals: zmq.Socket, cfg: Config) -> None:
         self.data, self.evals = data, evals
         self.data_limits = limits(cfg.net, BATCH, STATS)
         self.eval_limits = limits(cfg.net, EVAL)
-        self.inbox: queue.Queue[Message] = queue.Queue(maxsize=inbox_size)
+        self.poller = zmq.Poller()
+        self.poller.register(data, zmq.POLLIN)
+        self.poller.register(evals, zmq.POLLIN)
         self.rejected: collections.Counter[str] = collections.Counter()
         self.bytes = 0
-        self.stopping = threading.Event()
         self.ratelog = RateLimitedLog(log, interval=10.0)
 
-    def run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.data, zmq.POLLIN)
-        poller.register(self.evals, zmq.POLLIN)
-        while not self.stopping.is_set():
-            for sock, _ in poller.poll(100):
-                lim = self.data_limits if sock is self.data else self.eval_limits
-                for _ in range(256):
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self._accept(frames, lim, "data" if sock is self.data else "eval")
-                    if self.stopping.is_set():
-                        return
+    def receive(self, timeout: float = 0.0, max_messages: int = 256) -> list[Message]:
+        """Valid messages that have arrived (at most ``max_messages`` read), waiting up to ``timeout`` s."""
+        ready = dict(self.poller.poll(int(timeout * 1000)))
+        messages: list[Message] = []
+        if self.evals in ready:
+            messages += self._read(self.evals, self.eval_limits, "eval", max_messages)
+        if self.data in ready:
+            messages += self._read(self.data, self.data_limits, "data", max_messages)
+        return messages
+
+    def drain(self, seconds: float) -> list[Message]:
+        """At shutdown: what is still queued on the data socket, read for at most ``seconds``."""
+        messages: list[Message] = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            burst = self._read(self.data, self.data_limits, "data", 256)
+            if not burst and not self.data.poll(0, zmq.POLLIN):
+                break
+            messages += burst
+        return messages
+
+    def _read(self, sock: zmq.Socket, lim: Any, where: str, max_messages: int) -> list[Message]:
+        messages = []
+        for _ in range(max_messages):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            msg = self._decode(frames, lim, where)
+            if msg is not None:
+                messages.append(msg)
+        return messages
 
     def _decode(self, frames: list[Any], lim: Any, where: str) -> Message | None:
         try:
@@ -117,57 +210,39 @@ class Receiver(threading.Thread):
         self.bytes += msg.nbytes
         return msg
 
-    def _accept(self, frames: list[Any], lim: Any, where: str) -> None:
-        msg = self._decode(frames, lim, where)
-        while msg is not None and not self.stopping.is_set():
-            try:
-                self.inbox.put(msg, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(timeout=5)
-
-    def drain(self, seconds: float) -> list[Message]:
-        """After :meth:`stop`: what is still queued on the data socket, read for at most ``seconds``."""
-        messages: list[Message] = []
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            try:
-                frames = self.data.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            msg = self._decode(frames, self.data_limits, "data")
-            if msg is not None:
-                messages.append(msg)
-        return messages
-
 
 class Learner:
     """One learner process."""
 
     def __init__(self, cfg: Config, run_dir: str | Path | None, bind_data: str, bind_model: str,
                  bind_eval: str, resume: bool = False) -> None:
-        torch.set_num_threads(1)
         self.started = time.monotonic()
         self.cfg = cfg
         seed_everything(cfg.run.seed)
         check_env(cfg.env)
-        self.device = resolve_device(cfg.run.device)
-        require_checkpoint(run_dir or cfg.run.run_dir, resume)
-        self.dir = prepare_run_dir(cfg, run_dir)
-        obs_space, act_space = spaces(cfg.env)
-        self.agent = make_agent(cfg.agent, obs_space, act_space, device=self.device, seed=cfg.run.seed)
-        self.replay = make_replay_from(cfg)
-        self.book = Bookkeeper(cfg, self.dir, self.agent, extra_state=lambda: {"replay": self.replay.state_dict()},
-                               replay=self.replay)
         if resume:
-            state = self.book.restore("latest")
-            restore_replay(self.book, self.replay, state)
-            log.info("learner: resumed from %s at opt step %d, model version %d, %d transitions in replay",
-                     self.dir / "checkpoints/latest", self.book.opt_steps, self.book.version, len(self.replay))
+            from zmqrl.train import require_checkpoint  # imports torch: resuming builds the agent first anyway
+
+            require_checkpoint(run_dir or cfg.run.run_dir, resume)
+        self.dir = prepare_run_dir(cfg, run_dir)
+        self.spaces = spaces(cfg.env)
+        self.replay = make_replay_from(cfg)
+        self.book = Bookkeeper(cfg, self.dir, None, extra_state=lambda: {"replay": self.replay.state_dict()},
+                               replay=self.replay)
+        self._initial = None if resume else initial_params(cfg, *self.spaces)
+        self._agent: Agent | None = None
+        self._builder: Background[Agent] = Background(self._build_agent, name="agent-builder")
+        self._deferred: list[Message] = []  # evaluation reports that came before the agent
+        if self._initial is None:  # build (and resume) before binding anything, as errors belong here
+            self._builder.run()
+            self._adopt(self._builder.get())
+            if resume:
+                from zmqrl.train import restore_replay
+
+                state = self.book.restore("latest")
+                restore_replay(self.book, self.replay, state)
+                log.info("learner: resumed from %s at opt step %d, model version %d, %d transitions in replay",
+                         self.dir / "checkpoints/latest", self.book.opt_steps, self.book.version, len(self.replay))
         self.incarnation = new_incarnation()
 
         self.ctx = new_context(cfg.net)
@@ -202,6 +277,57 @@ class Learner:
         self.pause = False
         self.pauses = 0
         self.first_batch_s: float | None = None
+        if self._agent is None:
+            self._builder.start()
+            log.info("learner: sockets bound after %.1fs; building the agent in the background",
+                     time.monotonic() - self.started)
+
+    # --- the agent ----------------------------------------------------------------------------
+    def _build_agent(self) -> Agent:
+        """Import torch, build the agent (adopting the published version-0 parameters) and open TensorBoard."""
+        import torch
+
+        from zmqrl.agents import make_agent, resolve_device
+
+        torch.set_num_threads(1)
+        torch.manual_seed(self.cfg.run.seed)
+        agent = make_agent(self.cfg.agent, *self.spaces, device=resolve_device(self.cfg.run.device),
+                           seed=self.cfg.run.seed)
+        if self._initial is not None:
+            agent.load_params(self._initial)
+            q, target = getattr(agent, "q", None), getattr(agent, "target", None)
+            if q is not None and target is not None:
+                target.load_state_dict(q.state_dict())  # the target starts as a copy of the online network
+        self.book.open_recorder()
+        return agent
+
+    def _adopt(self, agent: Agent) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # (a per-thread setting in some builds: this is the thread that trains)
+        self._agent = agent
+        self.book.agent = agent
+        log.info("learner: ready in %.1fs", time.monotonic() - self.started)
+
+    def agent_ready(self, block: bool = False) -> bool:
+        """Whether the agent is built (adopting it when the builder has just finished); ``block`` waits."""
+        if self._agent is not None:
+            return True
+        if block:
+            self._builder.join()
+        elif self._builder.is_alive():
+            return False
+        self._adopt(self._builder.get())
+        deferred, self._deferred = self._deferred, []
+        self._dispatch(deferred)
+        return True
+
+    @property
+    def agent(self) -> Agent:
+        """The agent, waiting for the background build if it is still under way."""
+        self.agent_ready(block=True)
+        assert self._agent is not None
+        return self._agent
 
     def _write_endpoints(self) -> None:
         path = self.dir / "endpoints.json"
@@ -219,7 +345,8 @@ class Learner:
         if new_version or refresh or self._last_params is None:
             if new_version:
                 self.book.version += 1
-            self._last_params = encode_model("learner", self.incarnation, self.book.version, self.agent.params(),
+            params = self._initial if self._agent is None and self._initial is not None else self.agent.params()
+            self._last_params = encode_model("learner", self.incarnation, self.book.version, params,
                                              meta={"opt_steps": self.book.opt_steps, "pause": self.pause})
         try:
             send_frames(self.pub, self._last_params, flags=zmq.NOBLOCK)
@@ -236,50 +363,77 @@ class Learner:
         return joined
 
     # --- data in ------------------------------------------------------------------------------
-    def ingest(self, timeout: float = 0.0, max_messages: int = 64) -> int:
-        """Move up to ``max_messages`` received messages into replay; returns transitions inserted."""
-        inserted = 0
-        for i in range(max_messages):
-            try:
-                msg = self.receiver.inbox.get(timeout=timeout) if i == 0 and timeout else \
-                    self.receiver.inbox.get_nowait()
-            except queue.Empty:
-                break
-            inserted += self._dispatch(msg)
-        return inserted
+    def ingest(self, timeout: float = 0.0, max_messages: int = 256) -> int:
+        """Move what has arrived (up to ``max_messages`` messages) into replay; returns transitions inserted."""
+        return self._dispatch(self.receiver.receive(timeout, max_messages))
 
-    def _dispatch(self, msg: Message) -> int:
-        if msg.kind == BATCH:
-            return self._insert(msg)
-        if msg.kind == STATS:
-            self.proxies[msg.sender] = msg.meta
-        elif msg.kind == EVAL:
-            self._evaluation(msg)
-        return 0
+    def _dispatch(self, messages: list[Message]) -> int:
+        """Handle received messages: batches go into replay together, in as few ``add`` calls as
+        possible (each call has a fixed cost several times that of copying a small batch)."""
+        batches = []
+        for msg in messages:
+            if msg.kind == BATCH:
+                if self._in_sequence(msg):
+                    batches.append(msg)
+            elif msg.kind == STATS:
+                self.proxies[msg.sender] = msg.meta
+            elif msg.kind == EVAL:
+                if self._agent is None:
+                    self._deferred.append(msg)  # recording it opens TensorBoard: that waits for torch
+                else:
+                    self._evaluation(msg)
+        return sum(self._account(msg) for msg in self._add_to_replay(batches))
 
-    def _insert(self, msg: Message) -> int:
+    def _actor(self, sender: str) -> dict[str, Any]:
+        return self.per_actor.setdefault(sender, {"batches": 0, "transitions": 0, "lost": 0, "dropped_old": 0,
+                                                  "incarnations": 0, "lag_sum": 0})
+
+    def _in_sequence(self, msg: Message) -> bool:
+        """Sequence check per sender incarnation: counts lost batches; False for a repeat or an older one."""
         accept, lost = self.sequences.observe(msg.sender, msg.incarnation, msg.seq)
-        actor = self.per_actor.setdefault(msg.sender, {"batches": 0, "transitions": 0, "lost": 0,
-                                                       "dropped_old": 0, "incarnations": 0, "lag_sum": 0})
+        actor = self._actor(msg.sender)
         actor["lost"] += lost
         if not accept:
             actor["dropped_old"] += 1
-            return 0
-        arrays = dict(msg.arrays)
+        return accept
+
+    def _add_to_replay(self, batches: list[Message]) -> list[Message]:
+        """Insert the batches into replay, in order; returns those that went in.
+
+        Consecutive small batches with the same fields are joined into one ``add``; where that
+        fails, each goes in on its own, so only a batch that does not fit is rejected.
+        """
+        added: list[Message] = []
+        for group in _groups(batches):
+            if len(group) > 1:
+                arrays = {k: np.concatenate([m.arrays[k] for m in group]) for k in group[0].arrays}
+                if self._add(arrays, None):
+                    added += group
+                    continue
+            added += [m for m in group if self._add(m.arrays, m.sender)]
+        return added
+
+    def _add(self, arrays: dict[str, np.ndarray], sender: str | None) -> bool:
+        """One ``replay.add``; a batch (``sender`` given) that does not fit is counted and logged."""
+        arrays = dict(arrays)
         priorities = arrays.pop("priority", None)
         try:
             self.replay.add(arrays, priorities=priorities)
         except (ValueError, IndexError) as exc:
-            self.schema_rejected += 1
-            self.ratelog.warn(f"schema-{msg.sender}", f"learner: batch from {msg.sender} does not fit replay: {exc}")
-            return 0
-        n = len(arrays["reward"])
+            if sender is not None:
+                self.schema_rejected += 1
+                self.ratelog.warn(f"schema-{sender}", f"learner: batch from {sender} does not fit replay: {exc}")
+            return False
+        return True
+
+    def _account(self, msg: Message) -> int:
+        """Counters, episodes, policy lag and actor stats of a batch now in replay; returns its length."""
+        n = len(msg.arrays["reward"]) if "reward" in msg.arrays else len(next(iter(msg.arrays.values())))
         self.inserted += n
         self.batches += 1
         if self.first_batch_s is None:
-            self.first_batch_s = time.monotonic() - self.started
-            log.info("learner: first batch from %s after %.2fs", msg.sender, self.first_batch_s)
-        meta = msg.meta
+            self._first_batch(msg.sender, n)
+        meta, actor = msg.meta, self._actor(msg.sender)
         key = (msg.sender, msg.incarnation)
         if key not in self.actor_steps:
             actor["incarnations"] += 1
@@ -306,6 +460,14 @@ class Learner:
         actor["epsilon"] = _number(meta, "epsilon")
         return n
 
+    def _first_batch(self, sender: str, n: int) -> None:
+        """Note the first batch in replay, in the log and (atomically) in ``RUN_DIR/first_batch.json``."""
+        self.first_batch_s = time.monotonic() - self.started
+        write_json_atomic(self.dir / FIRST_BATCH_FILE, {
+            "first_batch_s": self.first_batch_s, "time": time.time(), "sender": sender, "transitions": n,
+            "replay_size": len(self.replay), "agent_ready": self._agent is not None})
+        log.info("learner: first batch from %s after %.2fs", sender, self.first_batch_s)
+
     def _evaluation(self, msg: Message) -> None:
         returns, lengths = _episodes({"episodes": msg.meta})
         if not returns:
@@ -325,7 +487,7 @@ class Learner:
         return self.book.opt_steps * self.cfg.agent.batch_size / max(self.inserted, 1)
 
     def perf(self) -> dict[str, float]:
-        values = {"perf/replay_size": float(len(self.replay)), "perf/inbox_depth": float(self.receiver.inbox.qsize()),
+        values = {"perf/replay_size": float(len(self.replay)),
                   "perf/samples_per_insert": self.samples_per_insert(),
                   "perf/bytes_received": float(self.receiver.bytes),
                   "perf/rejected": float(self.rejected_total()), "perf/model_version": float(self.book.version)}
@@ -365,13 +527,20 @@ class Learner:
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, stop: StopFlag) -> dict[str, Any]:
-        cfg, tc, batch_size = self.cfg, self.cfg.trainer, self.cfg.agent.batch_size
+        """Train until stopped or done; returns the summary. Sockets are closed however it ends."""
         log.info("learner: data on %s, models on %s, evaluations on %s; run dir %s", self.endpoints["data"],
                  self.endpoints["model"], self.endpoints["eval"], self.dir)
-        self.receiver.start()
         self.publish(new_version=False)
+        try:
+            return self._loop(stop)
+        except BaseException:
+            self._close()
+            raise
+
+    def _loop(self, stop: StopFlag) -> dict[str, Any]:
+        cfg, tc, batch_size = self.cfg, self.cfg.trainer, self.cfg.agent.batch_size
         republish, summarise = Every(cfg.net.republish_s), Every(max(cfg.net.stats_interval_s, 0.5))
-        waiting_log, watch_links = Every(10.0), Every(0.25)
+        waiting_log, watch_links, ingest_due = Every(10.0), Every(0.25), Every(INGEST_INTERVAL_S)
         while not stop.set and not self.book.should_stop():
             if self._new_subscribers() or republish():
                 self.publish(new_version=False)
@@ -380,19 +549,25 @@ class Learner:
             if watch_links():
                 for link in self.links:
                     link.poll()
-            starving = len(self.replay) < tc.warmup
+            ready, warm = self.agent_ready(), len(self.replay) >= tc.warmup
+            starving = not (warm and ready)
             spi = self.samples_per_insert()
             throttled = tc.max_samples_per_insert > 0 and spi > tc.max_samples_per_insert
-            self.ingest(timeout=0.1 if (starving or throttled) else 0.0)
-            pause = not starving and tc.min_samples_per_insert > 0 and spi < tc.min_samples_per_insert
+            if starving or throttled:
+                self.ingest(timeout=0.1)
+            elif ingest_due():
+                self.ingest()
+            # Warm but the agent still loading also counts (0 samples per insert): actors need not
+            # fill replay with data nobody trains on, and their CPU is better spent loading torch.
+            pause = warm and tc.min_samples_per_insert > 0 and spi < tc.min_samples_per_insert
             if pause != self.pause:  # tell actors at once, not at the next sync
                 self.pause = pause
                 self.pauses += pause
                 self.publish(new_version=False, refresh=True)
             if starving:
                 if waiting_log():
-                    log.info("learner: %d/%d warm-up transitions in replay; waiting for actors", len(self.replay),
-                             tc.warmup)
+                    log.info("learner: %d/%d warm-up transitions in replay; waiting for %s", len(self.replay),
+                             tc.warmup, "actors" if ready else "the agent (torch loading) and actors")
                 continue
             if throttled:
                 continue
@@ -408,18 +583,21 @@ class Learner:
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
-        self.receiver.stop()
-        self.ingest(max_messages=self.receiver.inbox.qsize())
-        for msg in self.receiver.drain(seconds=1.0):  # account for what peers already sent
-            self._dispatch(msg)
+        self._dispatch(self.receiver.drain(seconds=1.0))  # account for what peers already sent
+        self.agent_ready(block=True)  # the final checkpoint needs the agent
         summary = self.book.finish(self.summary_extra())
         print_end_table(summary)
+        self._close()
+        return summary
+
+    def _close(self) -> None:
+        if self.ctx.closed:
+            return
         for link in self.links:
             link.close()
         for sock in (self.data, self.evals, self.pub):
             sock.close(linger=0)
         self.ctx.term()
-        return summary
 
 
 def print_end_table(summary: dict[str, Any]) -> None:
@@ -449,9 +627,7 @@ def print_end_table(summary: dict[str, Any]) -> None:
 def run_learner(cfg: Config, run_dir: str | None, bind_data: str, bind_model: str, bind_eval: str,
                 resume: bool = False) -> int:
     """The ``zmqrl learner`` entry point."""
-    started = time.monotonic()
     with StopFlag() as stop:
         learner = Learner(cfg, run_dir, bind_data, bind_model, bind_eval, resume)
-        log.info("learner: ready in %.1fs", time.monotonic() - started)
         learner.run(stop)
     return 0

@@ -1,0 +1,175 @@
+"""The learner's fast start and its ingest path, in-process with real sockets on 127.0.0.1.
+
+- Startup: model version 0 goes out and batches go into replay before the agent (torch) is built;
+  ``RUN_DIR/first_batch.json`` appears right after the first insert; the agent then adopts the
+  very parameters actors were given.
+- Ingest: batches that arrived together go into replay in one ``add``, and a batch that does not
+  fit is rejected on its own.
+- No role but the learner's agent builder imports torch, and the learner's replay is the one
+  ``zmqrl train`` builds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from zmqrl.config import Config
+from zmqrl.envs import spaces
+from zmqrl.lifecycle import StopFlag
+from zmqrl.roles.common import free_port, read_json
+from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner, initial_params
+from zmqrl.wire import BATCH, MODEL, Limits, decode, encode
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def tcp() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def transitions(n: int, seed: int, obs_dim: int = 4) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"obs": rng.standard_normal((n, obs_dim)).astype(np.float32), "action": rng.integers(0, 2, n),
+            "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, obs_dim)).astype(np.float32),
+            "discount": np.full(n, 0.97, np.float32), "priority": rng.uniform(0.1, 1.0, n).astype(np.float32)}
+
+
+def batch_frames(seq: int, arrays: dict[str, np.ndarray], sender: str = "actor-0") -> list[Any]:
+    stats = {"env_steps": 64 * (seq + 1)}
+    return encode(BATCH, sender=sender, incarnation="inc-1", seq=seq, version=0, arrays=arrays,
+                  meta={"stats": stats, "episodes": {"returns": [10.0], "lengths": [10]}, "epsilon": 0.4})
+
+
+@pytest.fixture
+def zctx() -> Iterator[zmq.Context]:
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def make_learner(cfg: Config, run_dir: Path) -> Learner:
+    return Learner(cfg, run_dir, tcp(), tcp(), tcp())
+
+
+def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, cartpole_cfg: Any,
+                                                                zctx: zmq.Context,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = cartpole_cfg("run.seed=3", "trainer.warmup=64", "trainer.stop_return=null", "trainer.max_opts=20",
+                       "run.log_level=warning")
+    release = threading.Event()
+    build = Learner._build_agent
+
+    def held_build(self: Learner) -> Any:  # the agent (torch) takes as long as this test says
+        assert release.wait(60), "the test never released the agent build"
+        return build(self)
+
+    monkeypatch.setattr(Learner, "_build_agent", held_build)
+    learner = make_learner(cfg, tmp_path / "run")
+    sub = zctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(learner.endpoints["model"])
+    push = zctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(learner.endpoints["data"])
+    stop = StopFlag()
+    runner = threading.Thread(target=learner.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        assert sub.poll(10_000), "no model version 0 while the agent was still being built"
+        model = decode(sub.recv_multipart(), Limits.only([MODEL]))
+        expected = initial_params(cfg, *spaces(cfg.env))
+        assert model.version == 0 and expected is not None and set(model.arrays) == set(expected)
+        for name, value in expected.items():
+            np.testing.assert_array_equal(model.arrays[name], value)
+
+        marker = tmp_path / "run" / FIRST_BATCH_FILE
+        assert not marker.exists(), "first_batch.json before any batch"
+        push.send_multipart(batch_frames(0, transitions(64, seed=0)))
+        wait_for(marker.exists, 10, "first_batch.json")
+        first = read_json(marker)
+        assert first is not None and first["transitions"] == 64 and first["replay_size"] == 64, first
+        assert first["agent_ready"] is False and first["sender"] == "actor-0" and first["first_batch_s"] > 0
+        assert learner._agent is None and len(learner.replay) == 64
+
+        release.set()
+        runner.join(60)  # trains its 20 steps and stops
+        assert not runner.is_alive() and learner.book.opt_steps == 20
+        agent: Any = learner._agent
+        target = {k: v.detach().numpy() for k, v in agent.target.state_dict().items()}
+        for name, value in expected.items():  # the agent started from the very model actors were given
+            np.testing.assert_array_equal(target[name], value)  # (the target's first copy comes at step 500)
+    finally:
+        release.set()
+        stop.set = True
+        runner.join(30)
+    assert not runner.is_alive()
+    summary = read_json(tmp_path / "run" / "summary.json")
+    assert summary is not None and summary["first_batch_s"] == first["first_batch_s"]
+    assert (tmp_path / "run" / "checkpoints" / "latest").is_dir()
+
+
+def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_alone(
+        tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = cartpole_cfg("run.log_level=warning")
+    learner = make_learner(cfg, tmp_path / "run")
+    learner.agent_ready(block=True)
+    adds: list[int] = []
+    real_add = learner.replay.add
+
+    def counting_add(batch: Any, priorities: Any = None) -> Any:
+        adds.append(len(batch["reward"]))
+        return real_add(batch, priorities=priorities)
+
+    monkeypatch.setattr(learner.replay, "add", counting_add)
+    push = zctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(learner.endpoints["data"])
+    good = [transitions(64, seed=i) for i in range(4)]
+    nan = transitions(64, seed=9)
+    nan["priority"][5] = np.nan  # same fields as the good ones: only trying the add finds it out
+    wide = transitions(64, seed=10, obs_dim=5)  # does not fit the replay's schema
+    try:
+        for seq, arrays in enumerate([good[0], good[1], good[2], nan, good[3], wide]):
+            push.send_multipart(batch_frames(seq, arrays))
+            if seq == 2:
+                wait_for(lambda: learner.data.poll(0, zmq.POLLIN) != 0, 10, "the batches to arrive")
+                time.sleep(0.3)  # all three queued
+                assert learner.ingest(timeout=1.0) == 3 * 64
+                assert adds == [3 * 64], f"three batches that arrived together were not one add: {adds}"
+        time.sleep(0.3)
+        assert learner.ingest(timeout=1.0) == 64
+        assert adds[1:] == [2 * 64, 64, 64, 64], adds  # joined, then each on its own: nan fails, good[3] goes in
+        assert learner.batches == 4 and learner.schema_rejected == 2 and len(learner.replay) == 4 * 64
+        stored = learner.replay.get(np.arange(4 * 64))
+        np.testing.assert_array_equal(stored["obs"], np.concatenate([g["obs"] for g in good]))  # order kept
+        assert learner.per_actor["actor-0"]["transitions"] == 4 * 64
+        assert learner.book.env_steps == 64 * 5  # from the stats of the newest batch that went in
+    finally:
+        learner._close()
+
+
+def test_roles_and_the_launcher_do_not_import_torch() -> None:
+    code = ("import sys, zmqrl.cli; zmqrl.cli.build_parser(); "
+            "import zmqrl.roles.learner, zmqrl.roles.proxy, zmqrl.roles.actor, zmqrl.roles.evaluator, "
+            "zmqrl.roles.local, zmqrl.bookkeeping; "
+            "sys.exit('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"torch imported at startup of a role or the launcher\n{done.stderr}"
