@@ -4,6 +4,14 @@ Recipe: build the policy and envs, connect to the proxy (PUSH) and the learner's
 (SUB), wait for the first model, then loop: take the newest model, act for the whole vector in
 one forward pass, build n-step transitions, and every ``actor.n_buffer`` transitions send one
 batch stamped with the model version, the actor's id, incarnation and sequence number.
+
+Costs that decide a fast actor's speed (CartPole: a vector step takes ~150 us on 2 cores), each
+measured and kept off the per-step path: the model socket is polled every ``MODEL_POLL_S``, not
+every step; batches finished within ``SEND_LINGER_S`` of the last send go out together, because
+waking ZeroMQ's I/O thread for each message costs more than the rest of the sending; batches
+that go out together are assembled with one concatenation per field; a batch's priorities take
+one forward pass (of ``obs`` and ``next_obs`` together); and a header is filled into a template
+(:class:`~zmqrl.wire.sockets.BatchEncoder`) rather than built and checked anew.
 """
 
 from __future__ import annotations
@@ -24,20 +32,34 @@ from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.replay import NStepBuilder
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.wire import (
-    BATCH,
     MODEL,
     Message,
     RateLimitedLog,
     SocketOptions,
     VersionTracker,
     drain_latest_model,
-    encode,
     make_socket,
     new_incarnation,
 )
 from zmqrl.wire.monitor import LinkMonitor
+from zmqrl.wire.sockets import BatchEncoder
 
 log = logging.getLogger("zmqrl")
+
+MODEL_POLL_S = 0.002  # the loop looks for a new model (and link events, pause requests) this often
+SEND_LINGER_S = 0.02  # batches finished sooner than this after the last send wait to go out together
+
+
+@dataclass
+class ReadyBatch:
+    """A finished batch waiting to be sent: transitions as built, model versions, episodes ended."""
+
+    parts: list[dict[str, np.ndarray]]  # NStepBuilder.push results, concatenated when sent
+    size: int  # transitions
+    low: int  # oldest and newest model version that acted for it
+    high: int
+    returns: list[float]  # episodes that ended while it was built
+    lengths: list[int]
 
 
 def actor_epsilon(eps: float, alpha: float, index: int, num_actors: int) -> float:
@@ -117,12 +139,17 @@ class Actor:
         self.version = -1
         self.paused = False
         self.seq = 0
+        self.encoder = BatchEncoder(self.name, self.incarnation)
         self.stats = ActorStats()
         self.ratelog = RateLimitedLog(log, interval=10.0)
-        self._pending: list[dict[str, np.ndarray]] = []
+        self._pending: list[dict[str, np.ndarray]] = []  # transitions since the last batch, as built
         self._pending_n = 0
-        self._batch_versions: list[int] = []
+        self._versions: tuple[int, int] | None = None  # (min, max) model version acting for the pending batch
         self._episodes: tuple[list[float], list[int]] = ([], [])
+        self._ready: list[ReadyBatch] = []  # finished batches not sent yet, oldest first
+        self._flush_at = 0.0  # monotonic time from which ready batches go out (SEND_LINGER_S after a send)
+        self.send_linger_s = SEND_LINGER_S  # 0: every batch goes out before the next env step
+        self._hold = False  # paused by the learner or cut off from it: step no further for now
 
     # --- models -----------------------------------------------------------------------------
     def _take_newest_model(self) -> bool:
@@ -140,6 +167,9 @@ class Actor:
                                           f"does not fit this config's network: {exc}")
             return False
         self.version = msg.version
+        if self._versions is not None:
+            low, high = self._versions
+            self._versions = (min(low, msg.version), max(high, msg.version))
         self.stats.model_updates += 1
         return True
 
@@ -168,66 +198,126 @@ class Actor:
         return False
 
     # --- batches ----------------------------------------------------------------------------
-    def _send(self, stop: StopFlag) -> None:
-        batch = {k: np.concatenate([p[k] for p in self._pending]) for k in self._pending[0]}
-        if self.priorities:
-            batch["priority"] = self.policy.priorities(batch)
-        returns, lengths = self._episodes
-        meta = {"episodes": {"returns": returns, "lengths": lengths}, "actor": self.index,
-                "max_version": max(self._batch_versions), "model_inc": self.versions.incarnation,
-                "epsilon": self.epsilon, "stats": self.stats.as_dict()}
-        frames = encode(BATCH, sender=self.name, incarnation=self.incarnation, seq=self.seq,
-                        version=min(self._batch_versions), arrays=batch, meta=meta)
-        sent, blocked_s = send_blocking(
-            self.push, frames, stop,
-            on_block=lambda: self.ratelog.warn("blocked", f"{self.name}: proxy {self.proxy_addr} is not taking "
-                                                          "batches; waiting (memory stays bounded)"),
-            while_blocked=self._keep_reading)
-        self.stats.blocked_s += blocked_s
-        if sent is None:
-            return
-        self.seq += 1
-        self.stats.batches += 1
-        self.stats.transitions += len(batch["reward"])
-        self.stats.bytes_sent += sent
-        self._pending, self._pending_n, self._batch_versions = [], 0, []
+    def _finish_batch(self) -> None:
+        """Set the pending transitions aside as a ready batch and start the next one."""
+        low, high = self._versions if self._versions is not None else (self.version, self.version)
+        self._ready.append(ReadyBatch(self._pending, self._pending_n, low, high, *self._episodes))
+        self._pending, self._pending_n, self._versions = [], 0, None
         self._episodes = ([], [])
 
+    def _arrays(self) -> list[dict[str, np.ndarray]]:
+        """The ready batches' arrays, with priorities: one concatenation per field for all of them
+        (numpy's per-call cost, not the rows, is what small batches pay for), a contiguous slice of
+        it per batch, and one forward pass per batch (larger ones cost more per row here: big
+        temporaries are mmapped afresh each time, and OpenBLAS starts spinning worker threads)."""
+        parts = [part for ready in self._ready for part in ready.parts]
+        arrays = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+        batches, end = [], 0
+        for ready in self._ready:
+            batch = {key: value[end:end + ready.size] for key, value in arrays.items()}
+            if self.priorities:
+                batch["priority"] = self.policy.priorities(batch)
+            batches.append(batch)
+            end += ready.size
+        return batches
+
+    def _flush(self, stop: StopFlag) -> None:
+        """Send the ready batches, oldest first; one stopped while blocked stays ready (unnumbered).
+
+        All are encoded before the first is sent, so the messages leave back to back and ZeroMQ's
+        I/O thread, woken by the first, finds the others queued (a wake-up costs more than a send).
+        """
+        if not self._ready:
+            return
+        stats = self.stats.as_dict()
+        outbox = []
+        for i, (ready, arrays) in enumerate(zip(self._ready, self._arrays(), strict=True)):
+            meta = {"episodes": {"returns": ready.returns, "lengths": ready.lengths}, "actor": self.index,
+                    "max_version": ready.high, "model_inc": self.versions.incarnation, "epsilon": self.epsilon,
+                    "stats": stats}
+            outbox.append((self.encoder.encode(self.seq + i, ready.low, arrays, meta), ready.size))
+        for frames, size in outbox:
+            sent, blocked_s = send_blocking(
+                self.push, frames, stop,
+                on_block=lambda: self.ratelog.warn("blocked", f"{self.name}: proxy {self.proxy_addr} is not "
+                                                              "taking batches; waiting (memory stays bounded)"),
+                while_blocked=self._keep_reading)
+            self.stats.blocked_s += blocked_s
+            if sent is None:
+                return
+            del self._ready[0]
+            self.seq += 1
+            self.stats.batches += 1
+            self.stats.transitions += size
+            self.stats.bytes_sent += sent
+        self._flush_at = time.monotonic() + self.send_linger_s
+
+    def _housekeeping(self) -> None:
+        """Between env steps, at most every ``MODEL_POLL_S``: newest model, link events, pause state."""
+        self._take_newest_model()
+        if self._watch_links():
+            self._poll_links()
+        # Paused by the learner's rate limiter, or cut off from the learner: stepping on would
+        # only fill queues with data from a policy that is getting older by the second.
+        self._hold = self.paused or self.links[0].down
+
     def run(self, stop: StopFlag, max_env_steps: int = 0) -> None:
-        """Act until stopped (or ``max_env_steps``), sending a batch every ``n_buffer`` transitions."""
+        """Act until stopped (or ``max_env_steps``), finishing a batch every ``n_buffer`` transitions.
+
+        A new model is looked for between env steps, at most every ``MODEL_POLL_S`` (a poll of
+        the model socket costs as much as a few percent of a CartPole step), so it is applied
+        within about ``MODEL_POLL_S`` plus one vector step of its arrival. Finished batches go out
+        at once if the last send was ``send_linger_s`` ago or more, else together with the ones
+        finished until then: a message sent alone wakes ZeroMQ's I/O thread, which costs a fast
+        actor on a virtual machine more than building and encoding the batch, while a burst of
+        messages wakes it once or twice. A batch thus leaves at most ``send_linger_s`` (plus one
+        vector step) after it is finished; slow actors, whose batches are further apart than
+        that, send each one as soon as it is finished. The messages themselves are unchanged.
+        """
         if not self.wait_for_model(stop):
             return
+        self._act(stop, max_env_steps)
+        self._flush(stop)  # what is finished goes out (while stopping: what the queue takes at once)
+
+    def _act(self, stop: StopFlag, max_env_steps: int) -> None:
+        """The acting loop of :meth:`run` (without the first model's wait and the last flush)."""
         n_buffer = self.cfg.actor.n_buffer
         report = Every(self.cfg.net.stats_interval_s * 5)
+        stepper, policy, nstep, stats, epsilon = self.stepper, self.policy, self.nstep, self.stats, self.epsilon
+        num_envs, clock, next_poll = stepper.num_envs, time.monotonic, 0.0
         while not stop.set:
-            self._take_newest_model()
-            if self._watch_links():
-                self._poll_links()
-            # Paused by the learner's rate limiter, or cut off from the learner: stepping on would
-            # only fill queues with data from a policy that is getting older by the second.
-            if self.paused or self.links[0].down:
-                paused_at = time.monotonic()
-                self.sub.poll(50, zmq.POLLIN)
-                self.stats.paused_s += time.monotonic() - paused_at
-                continue
-            self._batch_versions.append(self.version)
-            step = self.stepper.step(self.policy.act(self.stepper.obs, self.epsilon))
-            self.stats.env_steps += self.stepper.num_envs
-            self.stats.episodes += len(step.episode_returns)
-            self._episodes[0].extend(step.episode_returns)
-            self._episodes[1].extend(step.episode_lengths)
-            transitions = self.nstep.push(step.obs, step.action, step.reward, step.next_obs,
-                                          step.terminated, step.truncated)
+            now = clock()
+            if now >= next_poll:
+                next_poll = now + MODEL_POLL_S
+                self._housekeeping()
+                if self._hold:
+                    self._flush(stop)  # nothing finished waits out a pause
+                    self.sub.poll(50, zmq.POLLIN)
+                    stats.paused_s += clock() - now
+                    next_poll = 0.0
+                    continue
+                if report():
+                    s = stats.as_dict()
+                    log.info("%s: %d env steps (%.0f/s), %d batches, model v%d, blocked %.1fs", self.name,
+                             s["env_steps"], s["env_steps_per_s"], s["batches"], self.version, s["blocked_s"])
+            if self._ready and now >= self._flush_at:
+                self._flush(stop)
+            if self._versions is None:
+                self._versions = (self.version, self.version)
+            step = stepper.step(policy.act(stepper.obs, epsilon))
+            stats.env_steps += num_envs
+            if step.episode_returns:
+                stats.episodes += len(step.episode_returns)
+                self._episodes[0].extend(step.episode_returns)
+                self._episodes[1].extend(step.episode_lengths)
+            transitions = nstep.push(step.obs, step.action, step.reward, step.next_obs,
+                                     step.terminated, step.truncated)
             if transitions is not None:
                 self._pending.append(transitions)
                 self._pending_n += len(transitions["reward"])
                 if self._pending_n >= n_buffer:
-                    self._send(stop)
-            if report():
-                s = self.stats.as_dict()
-                log.info("%s: %d env steps (%.0f/s), %d batches, model v%d, blocked %.1fs", self.name,
-                         s["env_steps"], s["env_steps_per_s"], s["batches"], self.version, s["blocked_s"])
-            if max_env_steps and self.stats.env_steps >= max_env_steps:
+                    self._finish_batch()
+            if max_env_steps and stats.env_steps >= max_env_steps:
                 break
 
     def _keep_reading(self) -> None:
