@@ -216,6 +216,9 @@ def bound_address(sock: zmq.Socket, *, loopback_for_wildcard: bool = True) -> st
     return address
 
 
+_SNDMORE = int(zmq.SNDMORE)
+
+
 def send_frames(
     sock: zmq.Socket,
     frames: Sequence[Frame],
@@ -232,11 +235,12 @@ def send_frames(
     if not frames:
         raise ValueError("send_frames needs at least one frame")
     total = 0
+    flags = int(flags)  # plain ints: IntFlag arithmetic costs more than the send itself for small frames
+    more = flags | _SNDMORE
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         size = len(frame.buffer) if isinstance(frame, zmq.Frame) else memoryview(frame).nbytes
-        more = zmq.SNDMORE if i < last else 0
-        sock.send(frame, flags | more, copy=size < copy_threshold)
+        sock.send(frame, more if i < last else flags, copy=size < copy_threshold)
         total += size
     return total
 
