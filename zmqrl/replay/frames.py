@@ -11,8 +11,6 @@ shared, so a fingerprint collision costs a little memory, never a wrong frame.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 
 _FINGERPRINT_SEED = 0x5EED
@@ -60,10 +58,10 @@ class FramePool:
         words = self._as_words(frames)
         fps = words @ self._mult  # wraps mod 2**64
         uniq, first, inverse = np.unique(fps, return_index=True, return_inverse=True)
-        slots_of_uniq = self._lookup_or_store(uniq, frames[first], words[first])
-        slots = slots_of_uniq[inverse.reshape(-1)]
+        inverse = inverse.reshape(-1)
+        slots = self._lookup_or_store(uniq, frames[first], words[first])[inverse]
         # Equal fingerprints inside the batch: share only frames equal to the group's first.
-        differs = ~np.all(words == words[first[inverse.reshape(-1)]], axis=1)
+        differs = ~np.all(words == words[first[inverse]], axis=1)
         for row in np.flatnonzero(differs):
             slots[row] = self._store(frames[row : row + 1], fps[row : row + 1], index=False)[0]
         used, counts = np.unique(slots, return_counts=True)
@@ -140,13 +138,8 @@ class FramePool:
         return flat.view(np.uint64)
 
     # ------------------------------------------------------------------ state
-    def state_arrays(self) -> dict[str, np.ndarray]:
-        """The frames in use and their reference counts (fingerprints are recomputed on load)."""
-        return {"frames": self.frames[: self.high], "refcount": self.refcount[: self.high]}
-
-    def load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Replace the contents with arrays written by ``state_arrays``."""
-        frames, refcount = arrays["frames"], arrays["refcount"]
+    def load(self, frames: np.ndarray, refcount: np.ndarray) -> None:
+        """Replace the contents with ``frames`` (slots 0..N-1) and their reference counts."""
         if frames.shape[1:] != self.frame_shape or frames.dtype != self.dtype:
             raise ValueError(f"frames: expected {self.frame_shape} {self.dtype}, got {frames.shape[1:]} {frames.dtype}")
         if refcount.shape != frames.shape[:1] or np.any(refcount < 0):

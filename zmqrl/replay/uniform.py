@@ -162,7 +162,11 @@ class UniformReplay:
         self._storage = {k: np.zeros((self._capacity, *shape), dtype=dtype)
                          for k, (shape, dtype) in self._schema.items() if k not in frame_keys}
         if frame_keys:
-            self._use_frames(frame_keys)
+            shape = self._schema[frame_keys[0]][0]
+            per_item = self._frame_stack if len(shape) >= 3 and shape[0] == self._frame_stack else 1
+            # Frames alive ~ one per item plus each episode's first frames; more grows the pool.
+            self._use_frames(frame_keys, per_item,
+                             reserve=min(2 * per_item * self._capacity, self._capacity + self._capacity // 4 + 1024))
 
     def _frame_layout(self) -> list[str]:
         """The frame keys of the schema, if frames are to be stored once (else empty)."""
@@ -174,13 +178,10 @@ class UniformReplay:
         shape, dtype = self._schema[keys[0]]
         return keys if dtype == np.uint8 and len(shape) >= 2 else []
 
-    def _use_frames(self, keys: list[str]) -> None:
+    def _use_frames(self, keys: list[str], per_item: int, reserve: int) -> None:
+        """An empty frame pool and zeroed slot rings for ``keys``, ``per_item`` frames per item."""
         shape, dtype = self._schema[keys[0]]
-        per_item = self._frame_stack if len(shape) >= 3 and shape[0] == self._frame_stack else 1
-        frame_shape = shape[1:] if per_item > 1 else shape
-        # Frames alive ~ one per item plus each episode's first frames; more grows the pool.
-        reserve = min(2 * per_item * self._capacity, self._capacity + self._capacity // 4 + 1024)
-        self._pool = FramePool(frame_shape, dtype, reserve)
+        self._pool = FramePool(shape[1:] if per_item > 1 else shape, dtype, reserve)
         self._frame_refs = {k: np.zeros((self._capacity, per_item), dtype=np.int32) for k in keys}
 
     # ------------------------------------------------------------------ reading
@@ -277,20 +278,17 @@ class UniformReplay:
         self._storage = storage
         self._frame_refs, self._pool = {}, None
         if refs:
-            self._load_frames(frame_schema, refs, frames)
+            self._load_frames(refs, frames)
         self._load_extra_arrays(arrays)
 
-    def _load_frames(self, schema: Mapping[str, tuple[tuple[int, ...], np.dtype]], refs: Mapping[str, np.ndarray],
-                     frames: np.ndarray | None) -> None:
+    def _load_frames(self, refs: Mapping[str, np.ndarray], frames: np.ndarray | None) -> None:
         if frames is None:
             raise ValueError("the file has frame slots but no frames")
-        shape, dtype = next(iter(schema.values()))
-        per_item = next(iter(refs.values())).shape[1]
-        frame_shape = shape[1:] if per_item > 1 else shape
-        self._pool = FramePool(frame_shape, dtype, max(frames.shape[0], 1))
+        self._use_frames(list(refs), next(iter(refs.values())).shape[1], reserve=max(frames.shape[0], 1))
+        assert self._pool is not None
         live = np.concatenate([r[: self._size].reshape(-1) for r in refs.values()]).astype(np.int64)
         if live.size and (live.min() < 0 or live.max() >= frames.shape[0]):
             raise ValueError(f"frame slots point outside the {frames.shape[0]} stored frames")
         refcount = np.bincount(live, minlength=frames.shape[0]).astype(np.int32)
-        self._pool.load_arrays({"frames": frames, "refcount": refcount})
+        self._pool.load(frames, refcount)
         self._frame_refs = {k: np.ascontiguousarray(r, dtype=np.int32) for k, r in refs.items()}
