@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -360,3 +361,16 @@ def test_cli_resume_without_checkpoint_exits_2_naming_it(tmp_path: Path) -> None
 def test_override_number_like_text_stays_text_for_str_fields() -> None:
     cfg = config.load(CARTPOLE_YAML, ["run.name=1e3", "agent.lr=1e-3"])
     assert cfg.run.name == "1e3" and cfg.agent.lr == pytest.approx(1e-3)
+
+
+def test_cli_taken_port_exits_98_naming_the_address(tmp_path: Path) -> None:
+    """A role whose bind address is taken says which and exits 98, the code `zmqrl local` retries on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        addr = f"tcp://127.0.0.1:{squatter.getsockname()[1]}"
+        proc = run_cli("proxy", str(CARTPOLE_YAML), "--run-dir", str(tmp_path / "run"), "--bind", addr,
+                       "--learner", "tcp://127.0.0.1:1")
+    assert proc.returncode == 98, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert addr in proc.stderr and "Address already in use" in proc.stderr, proc.stderr

@@ -12,9 +12,11 @@ wait has a deadline; every process is stopped (SIGTERM, then SIGKILL) when a tes
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -443,6 +445,43 @@ def test_local_launcher_reports_a_dead_role(tmp_path: Path, procs: Procs) -> Non
              lambda: str({p: cmdline(p) for p in pids_with_arg(str(run_dir))}))
     for name in ("actor-1", "proxy", "evaluator"):
         assert (run_dir / "roles" / f"{name}.json").exists(), f"{name} was not stopped gracefully"
+
+
+@pytest.mark.timeout(120)
+def test_local_launcher_starts_over_when_a_port_is_taken(tmp_path: Path, procs: Procs,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A port handed to the learner is taken before it binds: the run starts again on new ports and trains."""
+    from zmqrl import config as config_mod
+    from zmqrl.roles import local
+
+    run_dir = tmp_path / "run"
+    procs.sweep_args.append(str(run_dir))
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    handed: list[int] = []
+
+    def first_one_taken(host: str = "127.0.0.1") -> int:
+        handed.append(taken if not handed else free_port(host))
+        return handed[-1]
+
+    monkeypatch.setattr(local, "free_port", first_one_taken)
+    overrides = [SEED, "trainer.stop_return=null", "trainer.warmup=300", "trainer.max_opts=200"]
+    cfg = config_mod.load("configs/cartpole_dqn.yaml", [*overrides, "actor.num_actors=1"])
+    try:
+        with caplog.at_level(logging.INFO, logger="zmqrl"):
+            code = local.run_local(cfg, "configs/cartpole_dqn.yaml", overrides, 1, str(run_dir), evaluator=False)
+    finally:
+        squatter.close()
+    assert code == 0, caplog.text
+    assert "learner found its port taken by another process (attempt 1 of 3)" in caplog.text, caplog.text
+    endpoints = read_json(run_dir / "endpoints.json")
+    assert endpoints is not None and endpoints["learner"]["data"] != tcp(taken), endpoints
+    summary = read_json(run_dir / "summary.json")
+    assert summary is not None and summary["opt_steps"] >= 200 and summary["stop_reason"] != "", summary
+    assert not pids_with_arg(str(run_dir)), "processes of the run are still alive after run_local returned"
 
 
 # --------------------------------------------------------------------------------------------------

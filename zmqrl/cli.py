@@ -11,6 +11,7 @@ from zmqrl import config as config_mod
 from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config, ConfigError
 from zmqrl.record import setup_logging
+from zmqrl.roles.common import EXIT_ADDRESS_IN_USE
 from zmqrl.wire import SocketSetupError
 
 log = logging.getLogger("zmqrl")
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SocketSetupError as exc:
         print(f"zmqrl {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ADDRESS_IN_USE if exc.address_in_use else 2
     except CheckpointError as exc:
         print(f"zmqrl {args.command}: checkpoint error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,8 @@ from zmqrl.wire import Limits, SecureContext, Security, SecurityError, SocketOpt
 
 log = logging.getLogger("zmqrl")
 
+EXIT_ADDRESS_IN_USE = 98  # a role's bind found its address taken (EADDRINUSE); `zmqrl local` retries
+
 
 def endpoint(addr: str | None, default_host: str, default_port: int, what: str) -> str:
     """A ZeroMQ endpoint from ``tcp://host:port``, ``host:port``, ``host`` or nothing (config defaults)."""
@@ -36,11 +38,23 @@ def endpoint(addr: str | None, default_host: str, default_port: int, what: str) 
     return f"tcp://{addr}:{default_port}"
 
 
+_HANDED_OUT: set[tuple[str, int]] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host`` (for launchers that hand ports to children)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that is free right now on ``host`` (for launchers that hand ports to children).
+
+    Never the same port twice in one process: the kernel may give a just-closed port out again,
+    and two roles told to bind one port would race for it.
+    """
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if (host, port) not in _HANDED_OUT:
+            _HANDED_OUT.add((host, port))
+            return port
+    raise OSError(f"no free TCP port on {host} that this process has not handed out already")
 
 
 def limits(net: NetConfig, *kinds: str) -> Limits:

@@ -24,11 +24,12 @@ from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag
 from zmqrl.record import Progress
-from zmqrl.roles.common import free_port, read_json
+from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, free_port, read_json
 
 log = logging.getLogger("zmqrl")
 
 GRACE_S = 4.5
+BIND_ATTEMPTS = 3  # launches on fresh ports when a role finds its port taken
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -119,52 +120,79 @@ def plan_roles(config_path: str | None, overrides: list[str], actors: int, run_d
 
 def run_local(cfg: Config, config_path: str | None, overrides: list[str], actors: int, run_dir: str | None,
               evaluator: bool = True) -> int:
-    """The ``zmqrl local`` entry point; returns the exit code."""
+    """The ``zmqrl local`` entry point; returns the exit code.
+
+    Ports are picked free here and bound by the children a moment later; should another process
+    take one in between (a role exits with :data:`EXIT_ADDRESS_IN_USE` before the learner's
+    first summary), every role is stopped and the run starts over on new ports, up to
+    :data:`BIND_ATTEMPTS` times.
+    """
     path = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     (path / "logs").mkdir(parents=True, exist_ok=True)
     summary_path = path / "summary.json"
-    if summary_path.exists():
-        summary_path.unlink()  # a fresh run; the learner writes a new one
-    roles, endpoints = plan_roles(config_path, overrides, actors, path, evaluator)
-    write_json_atomic(path / "endpoints.json", endpoints)
     log.info("local: starting learner, proxy, %d actor(s)%s; logs in %s", actors,
              " and evaluator" if evaluator else "", path / "logs")
     started = time.monotonic()
-    progress = Progress(cfg.trainer.max_opts)
-    code = 0
     with StopFlag() as stop:
-        for role in roles:
-            role.start(path / "logs")
-        learner = roles[0]
-        while not stop.set:
-            if not learner.alive():
-                code = learner.proc.returncode  # type: ignore[union-attr]
-                if code != 0:
-                    log.error("local: the learner exited with code %s; last lines of %s:\n%s", code,
-                              learner.log_path, learner.tail())
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            if summary_path.exists():
+                summary_path.unlink()  # a fresh run; the learner writes a new one
+            roles, endpoints = plan_roles(config_path, overrides, actors, path, evaluator)
+            write_json_atomic(path / "endpoints.json", endpoints)
+            code, taken = _supervise(cfg, roles, summary_path, stop)
+            if taken is None or attempt == BIND_ATTEMPTS or stop.set:
                 break
-            dead = [r for r in roles[1:] if not r.alive()]
-            if dead:
-                for r in dead:
-                    log.error("local: %s exited with code %s; last lines of %s:\n%s", r.name,
-                              r.proc.returncode, r.log_path, r.tail())  # type: ignore[union-attr]
-                code = 1
-                break
-            summary = read_json(summary_path)
-            if summary:
-                progress.update(int(summary.get("opt_steps", 0)), {
-                    "env": summary.get("env_steps"), "ret": summary.get("train_return_recent"),
-                    "eval": summary.get("last_eval_return"), "best": summary.get("best_eval_return"),
-                    "env/s": round(summary.get("env_steps_per_s", 0)),
-                    "opt/s": round(summary.get("opt_steps_per_s", 0))})
-            try:
-                learner.proc.wait(timeout=0.5)  # type: ignore[union-attr]
-            except subprocess.TimeoutExpired:
-                pass
-        progress.close()
-        _stop_all(roles)
+            log.warning("local: %s found its port taken by another process (attempt %d of %d); "
+                        "starting every role again on new ports", taken, attempt, BIND_ATTEMPTS)
     summary = read_json(summary_path) or {}
     log.info("local: finished in %.1fs (%s); best eval %s; run directory %s", time.monotonic() - started,
              summary.get("stop_reason") or ("interrupted" if stop.set else "stopped"),
              summary.get("best_eval_return"), path)
     return code
+
+
+def _supervise(cfg: Config, roles: list[Role], summary_path: Path, stop: StopFlag) -> tuple[int, str | None]:
+    """Start ``roles``, show progress until the learner ends, a role dies or ``stop``; stop them all.
+
+    Returns the exit code, and the name of a role that could not bind its port before the run got
+    going (None otherwise): the caller may then start over on other ports.
+    """
+    progress = Progress(cfg.trainer.max_opts)
+    code, taken, running = 0, None, False
+    for role in roles:
+        role.start(summary_path.parent / "logs")
+    learner = roles[0]
+    while not stop.set:
+        dead = [r for r in roles if not r.alive()]
+        if not running and any(r.proc.returncode == EXIT_ADDRESS_IN_USE for r in dead):  # type: ignore[union-attr]
+            taken = next(r.name for r in dead if r.proc.returncode == EXIT_ADDRESS_IN_USE)  # type: ignore[union-attr]
+            log.info("local: %s could not bind:\n%s", taken, next(r for r in dead if r.name == taken).tail(3))
+            code = EXIT_ADDRESS_IN_USE
+            break
+        if learner in dead:
+            code = learner.proc.returncode  # type: ignore[union-attr]
+            if code != 0:
+                log.error("local: the learner exited with code %s; last lines of %s:\n%s", code,
+                          learner.log_path, learner.tail())
+            break
+        if dead:
+            for r in dead:
+                log.error("local: %s exited with code %s; last lines of %s:\n%s", r.name,
+                          r.proc.returncode, r.log_path, r.tail())  # type: ignore[union-attr]
+            code = 1
+            break
+        summary = read_json(summary_path)
+        if summary:
+            running = True
+            progress.update(int(summary.get("opt_steps", 0)), {
+                "env": summary.get("env_steps"), "ret": summary.get("train_return_recent"),
+                "eval": summary.get("last_eval_return"), "best": summary.get("best_eval_return"),
+                "env/s": round(summary.get("env_steps_per_s", 0)),
+                "opt/s": round(summary.get("opt_steps_per_s", 0))})
+        try:
+            learner.proc.wait(timeout=0.5 if running else 0.05)  # type: ignore[union-attr]
+        except subprocess.TimeoutExpired:
+            pass
+    progress.close()
+    _stop_all(roles)
+    return code, taken

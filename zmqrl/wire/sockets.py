@@ -56,6 +56,12 @@ from .tracking import VersionTracker
 class SocketSetupError(RuntimeError):
     """A socket could not be bound or connected; the message names the address."""
 
+    @property
+    def address_in_use(self) -> bool:
+        """True when a bind failed because another socket holds the address (a launcher may retry)."""
+        cause = self.__cause__
+        return isinstance(cause, zmq.ZMQError) and cause.errno == zmq.EADDRINUSE
+
 
 def new_incarnation() -> str:
     """A random incarnation id (16 hex chars), chosen once per process start."""
