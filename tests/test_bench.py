@@ -113,8 +113,9 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     assert code == 0 and not errors, errors
     names = {r["name"] for r in rows}
     expected = {"replay_bytes_cartpole", "replay_bytes_frames", "actor_env_steps", "transport_cartpole_1024",
-                "transport_atari_64", "learner_opt_steps", "broadcast_1mb", "broadcast_10mb", "startup_s",
-                "scaling_1_actors", "solve_local_vs_train"}
+                "transport_atari_64", "transport_cartpole_1024_ceiling", "transport_atari_64_ceiling",
+                "learner_opt_steps", "broadcast_1mb", "broadcast_10mb", "startup_s", "scaling_1_actors",
+                "solve_local_vs_train"}
     assert expected <= names, expected - names
     for row in rows:
         check_schema(row)
