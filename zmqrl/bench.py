@@ -10,6 +10,7 @@ replay             bytes per stored transition vs the transition's raw payload  
                    (and, for stacked frames, vs storing obs and next_obs)          <= 0.35
 actor              env steps/s of the real actor sending to a sink vs a bare loop  >= 0.9
 transport          batches/s through the proxy vs direct PUSH->PULL                >= 0.8
+                   (and a libzmq relay's, the ceiling of any proxy hop)            (none)
 learner            opt steps/s while ingesting 4 actors' batches vs idle           >= 0.9
 broadcast          model publish -> loaded in a subscriber process (median ms)     goal/ms >= 1
 startup            ``zmqrl local`` launch -> first transition in replay (s)        goal/s >= 1
