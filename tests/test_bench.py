@@ -56,7 +56,7 @@ def test_register_adds_the_bench_subcommand() -> None:
 def test_presets_shorten_and_overrides_apply() -> None:
     full, quick, smoke = (bench.Settings.preset(m) for m in ("full", "quick", "smoke"))
     assert full.seeds == 3 and quick.seeds == 1
-    assert smoke.actor_s < quick.actor_s < full.actor_s
+    assert smoke.actor_s * smoke.actor_reps < quick.actor_s * quick.actor_reps < full.actor_s * full.actor_reps
     assert quick.solve_budget_s < full.solve_budget_s
     assert bench.Settings.preset("quick", seeds=5, solve_budget_s=None).seeds == 5
     with pytest.raises(ValueError):

@@ -146,8 +146,9 @@ class Settings:
     """Durations and counts of one suite run; see :meth:`preset`."""
 
     mode: str = "full"
-    reps: int = 2  # alternations of measured and baseline in the actor, transport and learner rows
-    actor_s: float = 5.0  # seconds per actor measurement
+    reps: int = 2  # alternations of measured and baseline in the transport and learner rows
+    actor_reps: int = 6  # actor row: alternations of bare loop and real actor; the ratio is their pairs' median
+    actor_s: float = 1.5  # seconds per actor measurement
     small_messages: int = 20_000  # transport: messages of 1024 CartPole transitions
     large_messages: int = 400  # transport: messages of 64 Atari-sized transitions
     learner_s: float = 8.0  # seconds of optimisation per learner measurement window
@@ -169,12 +170,12 @@ class Settings:
     def preset(cls, mode: str, **overrides: Any) -> Settings:
         """``full`` (< 10 min on 2 cores), ``quick`` (~2 min) or ``smoke`` (plumbing only, ~1 min)."""
         if mode == "quick":
-            base = cls(mode="quick", reps=1, actor_s=3.0, small_messages=5000, large_messages=100, learner_s=4.0,
-                       settle_s=1.5, publishes=20, scaling_window_s=5.0, startup_reps=1, seeds=1,
+            base = cls(mode="quick", reps=1, actor_reps=2, actor_s=1.5, small_messages=5000, large_messages=100,
+                       learner_s=4.0, settle_s=1.5, publishes=20, scaling_window_s=5.0, startup_reps=1, seeds=1,
                        solve_budget_s=60.0)
         elif mode == "smoke":
-            base = cls(mode="smoke", reps=1, actor_s=0.5, small_messages=300, large_messages=20, learner_s=1.0,
-                       settle_s=1.0, publishes=5, publish_gap_s=0.05, scaling=(1,), scaling_window_s=0.0,
+            base = cls(mode="smoke", reps=1, actor_reps=1, actor_s=0.5, small_messages=300, large_messages=20,
+                       learner_s=1.0, settle_s=1.0, publishes=5, publish_gap_s=0.05, scaling=(1,), scaling_window_s=0.0,
                        startup_reps=1, seeds=1, solve_budget_s=14.0)
         elif mode == "full":
             base = cls()
@@ -486,6 +487,32 @@ def _child_relay(p: dict[str, Any], flag: _Flag) -> dict[str, Any]:
     return {}
 
 
+def _child_models(p: dict[str, Any], flag: _Flag) -> dict[str, Any]:
+    """Publish the params in ``p["params"]`` (an .npz) as a new model version every ``interval_s``.
+
+    The actor row's stand-in for a learner, in its own process as a learner is: the first model
+    goes out once a subscriber is connected, the rest follow until SIGTERM.
+    """
+    from zmqrl.wire import encode_model
+
+    with np.load(p["params"], allow_pickle=False) as npz:
+        params = {k: npz[k] for k in npz.files}
+    ctx = zmq.Context(io_threads=1)
+    pub = make_socket(ctx, zmq.XPUB, SocketOptions.pub(), bind=p["bind"])
+    version = 0
+    try:
+        _await_subscriber(pub, p["timeout_s"])
+        while not flag.set:
+            with contextlib.suppress(zmq.Again):
+                send_frames(pub, encode_model("learner", "bench-learner", version, params), flags=zmq.NOBLOCK)
+                version += 1
+            time.sleep(p["interval_s"])
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    return {"published": version}
+
+
 def _child_send(p: dict[str, Any], flag: _Flag) -> dict[str, Any]:
     """PUSH ``n`` BATCH messages of one payload as fast as the link takes them (headers encoded up front)."""
     arrays = payload(p["payload"])
@@ -595,7 +622,7 @@ def _child_modelsub(p: dict[str, Any], flag: _Flag) -> dict[str, Any]:
 
 CHILDREN: dict[str, Callable[[dict[str, Any], _Flag], dict[str, Any]]] = {
     "sink": _child_sink, "recv": _child_recv, "send": _child_send, "feed": _child_feed,
-    "modelsub": _child_modelsub, "relay": _child_relay,
+    "modelsub": _child_modelsub, "relay": _child_relay, "models": _child_models,
 }
 
 
@@ -731,30 +758,12 @@ def _bare_loop(actor: Any, seconds: float) -> float:
             return n / (time.perf_counter() - start)
 
 
-class _ModelStream(threading.Thread):
-    """Publishes a new model version every ``interval_s``, like a learner at ~10 syncs/s."""
-
-    def __init__(self, pub: zmq.Socket, params: Callable[[], dict[str, np.ndarray]], first_version: int,
-                 interval_s: float = 0.1) -> None:
-        super().__init__(name="bench-models", daemon=True)
-        self.pub, self.params, self.version, self.interval_s = pub, params, first_version, interval_s
-        self.inc = "bench-learner"
-        self.done = threading.Event()
-
-    def publish(self) -> None:
-        from zmqrl.wire import encode_model
-
-        send_frames(self.pub, encode_model("learner", self.inc, self.version, self.params()), flags=zmq.NOBLOCK)
-        self.version += 1
-
-    def run(self) -> None:
-        while not self.done.wait(self.interval_s):
-            with contextlib.suppress(zmq.Again):
-                self.publish()
-
-
 def bench_actor(c: Context) -> list[Row]:
-    """The real :class:`~zmqrl.roles.actor.Actor` (PUSH to a sink process, models arriving) vs a bare loop."""
+    """The real :class:`~zmqrl.roles.actor.Actor` (PUSH to a sink process, models arriving) vs a bare loop.
+
+    Models come from another process, as from a learner: a publisher thread in this process
+    would take the interpreter lock from the actor, which a real learner never does.
+    """
     import torch
 
     from zmqrl.agents.dqn import DQNPolicy
@@ -765,49 +774,46 @@ def bench_actor(c: Context) -> list[Row]:
     s = c.settings
     torch.set_num_threads(1)
     cfg = _load_config(s, "actor.nice=0")
-    learner_side = DQNPolicy(cfg.agent, *spaces(cfg.env))  # what a learner publishes: torch state_dict arrays
+    params_path = c.path("actor-model.npz")
+    with open(params_path, "wb") as fh:  # what a learner publishes: torch state_dict arrays
+        cast(Any, np.savez)(fh, **DQNPolicy(cfg.agent, *spaces(cfg.env)).params())
     sink_addr, model_addr = _free_addr(), _free_addr()
     out = c.path("actor-sink.json")
     bare: list[float] = []
     real: list[float] = []
     with Procs(c.logs) as procs:
         sink = procs.child("actor-sink", "sink", {"bind": sink_addr, "out": str(out), "timeout_s": 600})
-        zctx = zmq.Context(io_threads=1)
-        pub = make_socket(zctx, zmq.XPUB, SocketOptions.pub(), bind=model_addr)
+        models = procs.child("actor-models", "models", {"bind": model_addr, "params": str(params_path),
+                                                        "interval_s": 0.1, "timeout_s": 60,
+                                                        "out": str(c.path("actor-models.json"))})
         actor = Actor(cfg, 0, sink_addr, model_addr)
         stop = StopFlag()
-        version = 0
         try:
-            _await_subscriber(pub, 30.0)
-            for _ in range(s.reps):
+            for _ in range(s.actor_reps):
                 bare.append(_bare_loop(actor, s.actor_s))
-                stream = _ModelStream(pub, learner_side.params, version)
-                stream.publish()  # queued at the actor before the clock starts: run() finds it at once
-                time.sleep(0.3)
+                if not actor.sub.poll(60_000, zmq.POLLIN):  # a model is queued: run() finds it at once
+                    raise models.failure("no model reached the actor within 60 s")
                 steps0 = actor.stats.env_steps
                 target = steps0 + max(256, int(bare[-1] * s.actor_s))
-                stream.start()
                 start = time.perf_counter()
                 actor.run(stop, max_env_steps=target)
                 elapsed = time.perf_counter() - start
-                stream.done.set()
-                stream.join(5.0)
-                version = stream.version
                 real.append((actor.stats.env_steps - steps0) / elapsed)
         finally:
             actor.close()
-            pub.close(linger=0)
-            zctx.term()
         sent = actor.stats.batches
         sink.stop()
         got = (read_json(out) or {}).get("batches", 0)
     measured, baseline = _median(real), _median(bare)
+    pairs = [r / b for r, b in zip(real, bare, strict=True)]  # each real window right after its bare one
     c.measured["actor_rate"] = measured
-    note = (f"Actor.run ({type(actor.policy).__name__}): PUSH to a sink process, a new model every 0.1 s, "
-            f"priorities computed (compute_priorities={cfg.actor.compute_priorities}), {cfg.env.num_envs} envs, "
-            f"n_buffer {cfg.actor.n_buffer}; baseline: same envs + policy.act + NStepBuilder, no sockets; "
-            f"sink got {got}/{sent} batches; median of {s.reps}")
-    return [make_row("actor_env_steps", measured, baseline, "env steps/s", note, (">=", 0.9))]
+    note = (f"Actor.run ({type(actor.policy).__name__}): PUSH to a sink process, a new model every 0.1 s from "
+            f"another process, priorities computed (compute_priorities={cfg.actor.compute_priorities}), "
+            f"{cfg.env.num_envs} envs, n_buffer {cfg.actor.n_buffer}, {actor.stats.model_updates} models applied; "
+            f"baseline: same envs + policy.act + NStepBuilder, no sockets; sink got {got}/{sent} batches; "
+            f"{s.actor_reps} alternations of {s.actor_s:g} s, ratio = median of each pair's ratio "
+            f"({', '.join(f'{r:.2f}' for r in pairs)}), figures = medians")
+    return [make_row("actor_env_steps", measured, baseline, "env steps/s", note, (">=", 0.9), ratio=_median(pairs))]
 
 
 # ------------------------------------------------------------------------------------- transport
