@@ -123,8 +123,8 @@ def run_local(cfg: Config, config_path: str | None, overrides: list[str], actors
     """The ``zmqrl local`` entry point; returns the exit code.
 
     Ports are picked free here and bound by the children a moment later; should another process
-    take one in between (a role exits with :data:`EXIT_ADDRESS_IN_USE` before the learner's
-    first summary), every role is stopped and the run starts over on new ports, up to
+    take one in between (a role exits with :data:`EXIT_ADDRESS_IN_USE`, which only a failed bind
+    at its start does), every role is stopped and the run starts over on new ports, up to
     :data:`BIND_ATTEMPTS` times.
     """
     path = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -154,8 +154,8 @@ def run_local(cfg: Config, config_path: str | None, overrides: list[str], actors
 def _supervise(cfg: Config, roles: list[Role], summary_path: Path, stop: StopFlag) -> tuple[int, str | None]:
     """Start ``roles``, show progress until the learner ends, a role dies or ``stop``; stop them all.
 
-    Returns the exit code, and the name of a role that could not bind its port before the run got
-    going (None otherwise): the caller may then start over on other ports.
+    Returns the exit code, and the name of a role that could not bind its port (None otherwise):
+    the caller may then start over on other ports.
     """
     progress = Progress(cfg.trainer.max_opts)
     code, taken, running = 0, None, False
@@ -164,7 +164,7 @@ def _supervise(cfg: Config, roles: list[Role], summary_path: Path, stop: StopFla
     learner = roles[0]
     while not stop.set:
         dead = [r for r in roles if not r.alive()]
-        if not running and any(r.proc.returncode == EXIT_ADDRESS_IN_USE for r in dead):  # type: ignore[union-attr]
+        if any(r.proc.returncode == EXIT_ADDRESS_IN_USE for r in dead):  # type: ignore[union-attr]
             taken = next(r.name for r in dead if r.proc.returncode == EXIT_ADDRESS_IN_USE)  # type: ignore[union-attr]
             log.info("local: %s could not bind:\n%s", taken, next(r for r in dead if r.name == taken).tail(3))
             code = EXIT_ADDRESS_IN_USE
