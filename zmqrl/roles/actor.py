@@ -33,6 +33,7 @@ from zmqrl.replay import NStepBuilder
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.wire import (
     MODEL,
+    BatchEncoder,
     Message,
     RateLimitedLog,
     SocketOptions,
@@ -42,7 +43,6 @@ from zmqrl.wire import (
     new_incarnation,
 )
 from zmqrl.wire.monitor import LinkMonitor
-from zmqrl.wire.sockets import BatchEncoder
 
 log = logging.getLogger("zmqrl")
 
@@ -264,15 +264,9 @@ class Actor:
     def run(self, stop: StopFlag, max_env_steps: int = 0) -> None:
         """Act until stopped (or ``max_env_steps``), finishing a batch every ``n_buffer`` transitions.
 
-        A new model is looked for between env steps, at most every ``MODEL_POLL_S`` (a poll of
-        the model socket costs as much as a few percent of a CartPole step), so it is applied
-        within about ``MODEL_POLL_S`` plus one vector step of its arrival. Finished batches go out
-        at once if the last send was ``send_linger_s`` ago or more, else together with the ones
-        finished until then: a message sent alone wakes ZeroMQ's I/O thread, which costs a fast
-        actor on a virtual machine more than building and encoding the batch, while a burst of
-        messages wakes it once or twice. A batch thus leaves at most ``send_linger_s`` (plus one
-        vector step) after it is finished; slow actors, whose batches are further apart than
-        that, send each one as soon as it is finished. The messages themselves are unchanged.
+        A new model is applied within about ``MODEL_POLL_S`` plus one vector step of its arrival,
+        and a finished batch leaves at most ``send_linger_s`` (plus one vector step) after it is
+        finished; slow actors send each batch at once (why both: the module docstring).
         """
         if not self.wait_for_model(stop):
             return

@@ -164,10 +164,10 @@ def _supervise(cfg: Config, roles: list[Role], summary_path: Path, stop: StopFla
     learner = roles[0]
     while not stop.set:
         dead = [r for r in roles if not r.alive()]
-        if any(r.proc.returncode == EXIT_ADDRESS_IN_USE for r in dead):  # type: ignore[union-attr]
-            taken = next(r.name for r in dead if r.proc.returncode == EXIT_ADDRESS_IN_USE)  # type: ignore[union-attr]
-            log.info("local: %s could not bind:\n%s", taken, next(r for r in dead if r.name == taken).tail(3))
-            code = EXIT_ADDRESS_IN_USE
+        unbound = next((r for r in dead if r.proc.returncode == EXIT_ADDRESS_IN_USE), None)  # type: ignore[union-attr]
+        if unbound is not None:
+            log.info("local: %s could not bind:\n%s", unbound.name, unbound.tail(3))
+            code, taken = EXIT_ADDRESS_IN_USE, unbound.name
             break
         if learner in dead:
             code = learner.proc.returncode  # type: ignore[union-attr]

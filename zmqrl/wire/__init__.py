@@ -43,6 +43,7 @@ from .security import (
     keygen,
 )
 from .sockets import (
+    BatchEncoder,
     SocketOptions,
     SocketSetupError,
     bound_address,
@@ -57,6 +58,7 @@ from .tracking import RateLimitedLog, SequenceTracker, VersionTracker
 __all__ = [
     "ALLOWED_DTYPES",
     "BATCH",
+    "BatchEncoder",
     "DEFAULT_COPY_THRESHOLD",
     "DEFAULT_LIMITS",
     "EVAL",
