@@ -13,7 +13,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import yaml
 
@@ -47,25 +47,32 @@ class EnvConfig:
 
 @dataclass
 class AgentConfig:
-    """The learning algorithm and its hyperparameters."""
+    """Fields every algorithm has; each algorithm's section subclasses this (``agent.algo`` picks it).
 
-    algo: str = "dqn"  # dqn
-    network: str = "mlp"  # mlp (vector observations) or nature_cnn (image observations)
-    hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP layer sizes
-    dueling: bool = True  # dueling value/advantage heads
-    double: bool = True  # double DQN targets
+    Class attributes ``CHOICES``, ``POSITIVE``, ``UNIT_INTERVAL`` and ``NON_NEGATIVE`` of a subclass
+    name its own keys (without ``agent.``) for the range checks.
+    """
+
+    algo: str = "dqn"  # the algorithm: a name from `zmqrl config` (zmqrl.agents.ALGORITHMS)
     gamma: float = 0.99  # discount factor
     n_step: int = 3  # n-step returns
-    lr: float = 1e-3  # Adam learning rate
-    adam_eps: float = 1e-8  # Adam epsilon
     batch_size: int = 64  # transitions per optimisation step
-    loss: str = "huber"  # huber or mse
-    max_grad_norm: float = 10.0  # gradient clipping by global norm; 0 disables
-    target_update_interval: int = 500  # optimisation steps between target updates
-    tau: float = 1.0  # 1.0 = hard copy, < 1.0 = soft (Polyak) update every interval
-    eps_start: float = 1.0  # epsilon at the start of the schedule (single-process trainer)
-    eps_end: float = 0.05  # epsilon at the end of the schedule
-    eps_decay_steps: int = 10_000  # env steps over which epsilon decays linearly
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
+    POSITIVE: ClassVar[tuple[str, ...]] = ()
+    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ()
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()
+
+
+def agent_config_class(algo: str) -> type[AgentConfig]:
+    """The ``agent:`` dataclass of an algorithm (looked up in the registry, torch-free)."""
+    from zmqrl.agents import algorithm  # here: the registry imports this module
+
+    return algorithm(algo).config_class
+
+
+def _default_agent() -> AgentConfig:
+    return agent_config_class("dqn")()
 
 
 @dataclass
@@ -146,7 +153,7 @@ class Config:
 
     run: RunConfig = field(default_factory=RunConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
+    agent: AgentConfig = field(default_factory=_default_agent)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -155,22 +162,20 @@ class Config:
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "run.log_level": ("debug", "info", "warning", "error"),
-    "agent.algo": ("dqn",),
-    "agent.network": ("mlp", "nature_cnn"),
-    "agent.loss": ("huber", "mse"),
     "actor.backend": ("auto", "numpy", "torch"),
     "net.security": ("none", "curve"),
 }
 _POSITIVE = {
-    "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.lr", "agent.batch_size",
-    "agent.target_update_interval", "agent.tau", "replay.capacity", "replay.beta_steps",
+    "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.batch_size", "replay.capacity", "replay.beta_steps",
     "trainer.opt_interval", "trainer.max_opts", "trainer.eval_interval", "trainer.eval_episodes",
     "trainer.record_interval", "trainer.sync_interval", "actor.n_buffer", "actor.num_actors",
     "actor.send_hwm", "net.max_message_mb", "net.heartbeat_ms", "net.heartbeat_timeout_ms",
     "net.republish_s", "net.stats_interval_s", "net.data_keepalive_s",
 }
-_UNIT_INTERVAL = {"agent.gamma", "agent.tau", "agent.eps_start", "agent.eps_end", "replay.alpha",
-                  "replay.beta0", "actor.eps"}
+_UNIT_INTERVAL = {"agent.gamma", "replay.alpha", "replay.beta0", "actor.eps"}
+_NON_NEGATIVE = {"trainer.warmup", "trainer.save_interval", "trainer.max_seconds", "trainer.max_samples_per_insert",
+                 "trainer.min_samples_per_insert", "actor.nice", "trainer.latest_interval_s", "actor.eps_alpha",
+                 "net.peer_wait_s"}
 
 
 def _type_name(tp: Any) -> str:
@@ -233,6 +238,28 @@ def _unknown_key(key: str, valid: list[str], where: str) -> ConfigError:
     return ConfigError(f"{where}: unknown key '{key}'{hint}")
 
 
+def _agent_class(data: Any, source: str) -> type[AgentConfig]:
+    """The ``agent:`` dataclass that ``agent.algo`` (default dqn) names."""
+    algo = data.get("algo", "dqn") if isinstance(data, dict) else "dqn"
+    from zmqrl.agents import ALGORITHMS
+
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"{source}: agent.algo must be one of {', '.join(ALGORITHMS)}, got {algo!r}")
+    return agent_config_class(algo)
+
+
+def _foreign_agent_key(key: str, cls: type[AgentConfig], names: list[str], where: str) -> ConfigError:
+    """An unknown ``agent:`` key; when another algorithm has it, say which."""
+    from zmqrl.agents import ALGORITHMS
+
+    algo = next((a for a in ALGORITHMS if key in {f.name for f in dataclasses.fields(agent_config_class(a))}), None)
+    if algo is None:
+        return _unknown_key(key, names, where)
+    current = next(a for a in ALGORITHMS if agent_config_class(a) is cls)
+    return ConfigError(f"{where}: key '{key}' belongs to agent.algo={algo}, not {current}; "
+                       f"`zmqrl config {current}` lists the keys of {current}")
+
+
 def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
     where = f"{source}: {prefix}" if prefix else source
     if data is None:
@@ -245,9 +272,13 @@ def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
+            if issubclass(cls, AgentConfig):
+                raise _foreign_agent_key(str(key), cls, names, f"{source}: {prefix}")
             raise _unknown_key(str(key), names, f"{source}: {prefix or 'top level'}")
         tp = hints[key]
-        if dataclasses.is_dataclass(tp):
+        if tp is AgentConfig:
+            kwargs[key] = _build(_agent_class(value, source), value, dotted, source)
+        elif dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value, dotted, source)  # type: ignore[arg-type]
         else:
             kwargs[key] = _coerce(value, tp, f"{source}: {dotted}")
@@ -256,20 +287,21 @@ def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
 
 def _check_ranges(cfg: Config, source: str) -> None:
     flat = to_flat_dict(cfg)
-    for key, choices in _CHOICES.items():
+    ac = type(cfg.agent)
+    choices_by_key = {**_CHOICES, **{f"agent.{k}": v for k, v in ac.CHOICES.items()}}
+    positive = _POSITIVE | {f"agent.{k}" for k in ac.POSITIVE}
+    unit_interval = _UNIT_INTERVAL | {f"agent.{k}" for k in ac.UNIT_INTERVAL}
+    non_negative = _NON_NEGATIVE | {f"agent.{k}" for k in ac.NON_NEGATIVE}
+    for key, choices in choices_by_key.items():
         if flat[key] not in choices:
             raise ConfigError(f"{source}: {key} must be one of {', '.join(choices)}, got {flat[key]!r}")
-    for key in _POSITIVE:
+    for key in positive:
         if flat[key] <= 0:
             raise ConfigError(f"{source}: {key} must be > 0, got {flat[key]!r}")
-    for key in _UNIT_INTERVAL:
+    for key in unit_interval:
         if not 0.0 <= flat[key] <= 1.0:
             raise ConfigError(f"{source}: {key} must be within [0, 1], got {flat[key]!r}")
-    for key in ("trainer.warmup", "trainer.save_interval", "trainer.max_seconds",
-                "trainer.max_samples_per_insert", "trainer.min_samples_per_insert", "actor.nice",
-                "trainer.latest_interval_s",
-                "agent.max_grad_norm", "actor.eps_alpha",
-                "net.peer_wait_s", "agent.eps_decay_steps"):
+    for key in non_negative:
         if flat[key] < 0:
             raise ConfigError(f"{source}: {key} must be >= 0, got {flat[key]!r}")
     for key in ("net.data_port", "net.model_port", "net.proxy_port", "net.eval_port"):
@@ -317,10 +349,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         data.setdefault(section, {})
         if data[section] is None:
             data[section] = {}
-        valid = [f.name for f in dataclasses.fields(getattr(Config(), section))]
-        if name not in valid:
-            raise _unknown_key(name, valid, f"--set {key}")
         data[section][name] = value
+    for text in overrides:  # names checked once every override is in, so --set agent.algo=... counts
+        key = parse_override(text)[0]
+        section, name = key.split(".")
+        cls = _agent_class(data[section], f"--set {key}") if section == "agent" else \
+            typing.get_type_hints(Config)[section]
+        valid = [f.name for f in dataclasses.fields(cls)]
+        if name not in valid:
+            if section == "agent":
+                raise _foreign_agent_key(name, cls, valid, f"--set {key}")
+            raise _unknown_key(name, valid, f"--set {key}")
     return data
 
 

@@ -19,18 +19,29 @@ Params = dict[str, np.ndarray]
 
 
 class Policy(Protocol):
-    """What an actor needs: observations in, actions out, and a way to take new parameters."""
+    """What an actor needs: observations in, actions out, and a way to take new parameters.
 
-    def act(self, obs: np.ndarray, epsilon: float | np.ndarray) -> np.ndarray:
-        """Actions for a batch of observations; ``epsilon`` (scalar or per row) sets exploration."""
+    Actions are what the env takes (for a Box, within its bounds) in the dtype of the
+    algorithm's batch spec; a policy may be numpy or torch inside, but speaks numpy.
+    """
+
+    def act(self, obs: np.ndarray, explore: float | np.ndarray) -> np.ndarray:
+        """Exploring actions for a batch of observations; ``explore`` is the value of the
+        algorithm's :class:`~zmqrl.agents.base.Exploration` (scalar or one per row)."""
+        ...
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions (evaluation, ``zmqrl enjoy``)."""
         ...
 
     def load_params(self, params: Mapping[str, np.ndarray]) -> None:
-        """Replace the policy parameters with named arrays from :meth:`Agent.params`."""
+        """Replace the policy parameters with named arrays from :meth:`Agent.params`; names and
+        shapes must match exactly (ValueError otherwise)."""
         ...
 
-    def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Initial replay priorities (|TD error|) for transitions, computed locally."""
+    def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """Initial replay priorities for transitions, computed locally; None where the algorithm
+        has none (the learner then gives new transitions the maximum priority)."""
         ...
 
 
@@ -45,8 +56,13 @@ class Agent(Policy, Protocol):
         """The policy parameters an actor needs, as named numpy arrays (CPU, contiguous)."""
         ...
 
+    def adopt_initial(self, params: Mapping[str, np.ndarray]) -> None:
+        """Start from version-0 policy parameters drawn by ``Algorithm.initial_params`` (target
+        networks, where they copy the policy, copy these too)."""
+        ...
+
     def state_dict(self) -> dict:
-        """Everything needed to resume training: networks, optimiser, counters."""
+        """Everything needed to resume training: networks, optimiser, counters, RNG state."""
         ...
 
     def load_state_dict(self, state: dict) -> None:

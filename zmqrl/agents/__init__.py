@@ -1,23 +1,31 @@
-"""Learning agents (torch, plus a numpy acting path; nothing here knows about sockets).
+"""Learning algorithms behind one seam (see :mod:`zmqrl.agents.base`), reached by name.
 
-Imports are lazy so that a process which only acts with the numpy policy never loads torch.
+Each algorithm is a folder ``zmqrl/agents/<algo>/`` whose ``__init__`` defines ``ALGORITHM``
+without importing torch, so a process that only acts with a numpy policy never loads torch.
+Adding an algorithm: its folder, one line in :data:`ALGORITHMS`, and its configs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING
 
-from zmqrl.agents.policy import make_policy
+if TYPE_CHECKING:
+    from zmqrl.agents.base import Algorithm
 
-__all__ = ["DQNAgent", "DQNPolicy", "NumpyMLPPolicy", "make_agent", "make_policy", "resolve_device"]
+ALGORITHMS: dict[str, str] = {  # agent.algo -> the module that defines ALGORITHM
+    "dqn": "zmqrl.agents.dqn",
+    "sac": "zmqrl.agents.sac",
+}
 
-_LAZY = {"DQNAgent": "zmqrl.agents.dqn", "DQNPolicy": "zmqrl.agents.dqn", "make_agent": "zmqrl.agents.dqn",
-         "resolve_device": "zmqrl.agents.dqn", "NumpyMLPPolicy": "zmqrl.agents.numpy_policy"}
+
+def algorithm(name: str) -> Algorithm:
+    """The registered algorithm called ``name``; an unknown name is a :class:`ConfigError`."""
+    if name not in ALGORITHMS:
+        from zmqrl.config import ConfigError
+
+        raise ConfigError(f"agent.algo: unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}")
+    return importlib.import_module(ALGORITHMS[name]).ALGORITHM  # type: ignore[no-any-return]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'zmqrl.agents' has no attribute {name!r}")
+__all__ = ["ALGORITHMS", "algorithm"]

@@ -19,26 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zmqrl.agents.networks import MLPQNetwork, NatureCNNQNetwork
-from zmqrl.agents.policy import epsilon_greedy
+from zmqrl.agents.base import epsilon_greedy
+from zmqrl.agents.dqn.config import DQNConfig
+from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.staging import BatchStager
-from zmqrl.config import AgentConfig, ConfigError
+from zmqrl.agents.torch_util import load_module_params, module_params
+from zmqrl.config import ConfigError
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks cuda when present; an unavailable cuda is a clear error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"run.device: unknown device {name!r}; use cpu, cuda, cuda:N or auto") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"run.device: {name!r} requested but no CUDA device is available")
-    return device
-
-
-def build_q_network(cfg: AgentConfig, obs_space: gym.spaces.Space, num_actions: int) -> nn.Module:
+def build_q_network(cfg: DQNConfig, obs_space: gym.spaces.Space, num_actions: int) -> nn.Module:
     """The Q-network the config asks for, sized for the observation space."""
     shape = obs_space.shape or ()
     if cfg.network == "nature_cnn":
@@ -51,10 +40,8 @@ def build_q_network(cfg: AgentConfig, obs_space: gym.spaces.Space, num_actions: 
 class DQNPolicy:
     """Epsilon-greedy policy over a Q-network; runs in actors and for evaluation."""
 
-    def __init__(self, cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+    def __init__(self, cfg: DQNConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Discrete,
                  device: torch.device | str = "cpu", seed: int = 0) -> None:
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(f"agent.algo: dqn needs a Discrete action space, got {action_space}")
         self.cfg = cfg
         self.device = torch.device(device)
         self.num_actions = int(action_space.n)
@@ -70,24 +57,17 @@ class DQNPolicy:
         """Greedy actions for a batch of observations."""
         return self.q(self._tensor(obs)).argmax(dim=1).cpu().numpy()
 
-    def act(self, obs: np.ndarray, epsilon: float | np.ndarray) -> np.ndarray:
-        """Epsilon-greedy actions; ``epsilon`` is a scalar or one value per row."""
-        return epsilon_greedy(self.greedy(obs), epsilon, self.rng, self.num_actions)
+    def act(self, obs: np.ndarray, explore: float | np.ndarray) -> np.ndarray:
+        """Epsilon-greedy actions; ``explore`` is epsilon, a scalar or one value per row."""
+        return epsilon_greedy(self.greedy(obs), explore, self.rng, self.num_actions)
 
     def params(self) -> dict[str, np.ndarray]:
         """The Q-network parameters as named, contiguous CPU arrays."""
-        return {k: v.detach().cpu().numpy() for k, v in self.q.state_dict().items()}
+        return module_params(self.q)
 
     def load_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Load named arrays from :meth:`params`; names and shapes must match exactly."""
-        own = self.q.state_dict()
-        if set(params) != set(own):
-            missing, extra = sorted(set(own) - set(params)), sorted(set(params) - set(own))
-            raise ValueError(f"parameter names differ: missing {missing}, unexpected {extra}")
-        for name, tensor in own.items():
-            if tuple(params[name].shape) != tuple(tensor.shape):
-                raise ValueError(f"parameter {name}: shape {params[name].shape}, expected {tuple(tensor.shape)}")
-        self.q.load_state_dict({k: torch.from_numpy(np.array(v, copy=True)) for k, v in params.items()})
+        load_module_params(self.q, params)
 
     @torch.no_grad()
     def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -102,7 +82,7 @@ class DQNPolicy:
 class DQNAgent(DQNPolicy):
     """The learner's side of DQN: target network, optimiser and the update rule."""
 
-    def __init__(self, cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+    def __init__(self, cfg: DQNConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Discrete,
                  device: torch.device | str = "cpu", seed: int = 0) -> None:
         super().__init__(cfg, obs_space, action_space, device, seed)
         self.target = build_q_network(cfg, obs_space, self.num_actions).to(self.device)
@@ -162,6 +142,11 @@ class DQNAgent(DQNPolicy):
         host = torch.cat([stats, td_abs]).cpu().numpy()
         return dict(zip(self.METRICS, host[:4].tolist(), strict=True)), host[4:].astype(np.float32)
 
+    def adopt_initial(self, params: Mapping[str, np.ndarray]) -> None:
+        """Start from version-0 parameters; the target network starts as their copy."""
+        self.load_params(params)
+        self.target.load_state_dict(self.q.state_dict())
+
     @torch.no_grad()
     def update_target(self) -> None:
         """Hard copy (tau = 1) or Polyak average into the target network."""
@@ -184,9 +169,3 @@ class DQNAgent(DQNPolicy):
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # never share Adam moments
         self.opt_steps = int(state["opt_steps"])
         self.rng.bit_generator.state = state["rng"]
-
-
-def make_agent(cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
-               device: torch.device | str = "cpu", seed: int = 0) -> DQNAgent:
-    """The configured algorithm, ready to update."""
-    return DQNAgent(cfg, obs_space, action_space, device, seed)

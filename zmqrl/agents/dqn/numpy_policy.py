@@ -1,11 +1,4 @@
-"""DQN's acting half for MLP Q-networks in plain numpy.
-
-Actors run one small forward pass per env step; for an MLP that is a few matrix products,
-which numpy does several times faster than torch's per-call overhead allows, and a process
-that never imports torch also starts seconds sooner. Parameters are the torch network's
-``state_dict`` names and shapes (see :class:`zmqrl.agents.networks.MLPQNetwork`), so the
-learner publishes the same arrays whichever backend an actor uses.
-"""
+"""DQN's acting half for MLP Q-networks in plain numpy (see :mod:`zmqrl.agents.numpy_mlp`)."""
 
 from __future__ import annotations
 
@@ -14,20 +7,15 @@ from collections.abc import Mapping
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.agents.policy import epsilon_greedy
-from zmqrl.config import AgentConfig, ConfigError
+from zmqrl.agents.base import epsilon_greedy
+from zmqrl.agents.dqn.config import DQNConfig
+from zmqrl.agents.numpy_mlp import as_rows, check_params, linear_stack_shapes, relu_stack, stack_layers
 
-_ZERO = np.float32(0.0)
 
-
-def mlp_param_shapes(cfg: AgentConfig, obs_dim: int, num_actions: int) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of :class:`MLPQNetwork`'s parameters (torso Linear layers at even indices)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    last = obs_dim
-    for i, size in enumerate(cfg.hidden):
-        shapes[f"torso.{2 * i}.weight"] = (size, last)
-        shapes[f"torso.{2 * i}.bias"] = (size,)
-        last = size
+def mlp_param_shapes(cfg: DQNConfig, obs_dim: int, num_actions: int) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of :class:`~zmqrl.agents.dqn.networks.MLPQNetwork`'s parameters."""
+    shapes = linear_stack_shapes("torso", obs_dim, cfg.hidden)
+    last = cfg.hidden[-1] if cfg.hidden else obs_dim
     shapes["head.advantage.weight"] = (num_actions, last)
     shapes["head.advantage.bias"] = (num_actions,)
     if cfg.dueling:
@@ -39,12 +27,8 @@ def mlp_param_shapes(cfg: AgentConfig, obs_dim: int, num_actions: int) -> dict[s
 class NumpyMLPPolicy:
     """Epsilon-greedy policy over an MLP Q-network, evaluated with numpy (float32)."""
 
-    def __init__(self, cfg: AgentConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+    def __init__(self, cfg: DQNConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Discrete,
                  seed: int = 0) -> None:
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(f"agent.algo: dqn needs a Discrete action space, got {action_space}")
-        if cfg.network != "mlp":
-            raise ConfigError(f"actor.backend: numpy supports agent.network=mlp only, got {cfg.network!r}")
         self.cfg = cfg
         self.num_actions = int(action_space.n)
         self.shapes = mlp_param_shapes(cfg, int(np.prod(obs_space.shape or ())), self.num_actions)
@@ -54,15 +38,8 @@ class NumpyMLPPolicy:
 
     def load_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Take named arrays from the learner; names and shapes must match exactly."""
-        if set(params) != set(self.shapes):
-            missing, extra = sorted(set(self.shapes) - set(params)), sorted(set(params) - set(self.shapes))
-            raise ValueError(f"parameter names differ: missing {missing}, unexpected {extra}")
-        for name, shape in self.shapes.items():
-            if tuple(params[name].shape) != shape:
-                raise ValueError(f"parameter {name}: shape {params[name].shape}, expected {shape}")
-        # Weights are stored transposed and contiguous: x @ W.T becomes x @ Wt without a strided view.
-        self.torso = [(np.ascontiguousarray(params[f"torso.{2 * i}.weight"].T, dtype=np.float32),
-                       np.array(params[f"torso.{2 * i}.bias"], dtype=np.float32)) for i in range(len(self.cfg.hidden))]
+        check_params(params, self.shapes)
+        self.torso = stack_layers(params, "torso", len(self.cfg.hidden))
         self.head = self._head(params)
 
     def _head(self, params: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -80,11 +57,7 @@ class NumpyMLPPolicy:
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q-values of a batch of observations, shape ``(len(obs), num_actions)``."""
-        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
-        for w, b in self.torso:
-            x = x @ w
-            x += b
-            np.maximum(x, _ZERO, out=x)
+        x = relu_stack(as_rows(obs), self.torso)
         q = x @ self.head[0]
         q += self.head[1]
         return q
@@ -92,9 +65,9 @@ class NumpyMLPPolicy:
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return self.q_values(obs).argmax(axis=1)
 
-    def act(self, obs: np.ndarray, epsilon: float | np.ndarray) -> np.ndarray:
-        """Epsilon-greedy actions; ``epsilon`` is a scalar or one value per row."""
-        return epsilon_greedy(self.greedy(obs), epsilon, self.rng, self.num_actions)
+    def act(self, obs: np.ndarray, explore: float | np.ndarray) -> np.ndarray:
+        """Epsilon-greedy actions; ``explore`` is epsilon, a scalar or one value per row."""
+        return epsilon_greedy(self.greedy(obs), explore, self.rng, self.num_actions)
 
     def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """|TD error| with the local network standing in for the target (Ape-X actors).

@@ -1,0 +1,148 @@
+"""The algorithm seam: what one algorithm hands the rest of zmqrl.
+
+An algorithm is a folder ``zmqrl/agents/<algo>/`` whose ``__init__.py`` (which must not import
+torch) defines ``ALGORITHM``, an instance of a subclass of :class:`Algorithm`, and one line in
+:data:`zmqrl.agents.ALGORITHMS`. Roles, the single-process trainer, the bookkeeping and the
+bench call only these methods; none of them names an algorithm.
+
+What an algorithm provides:
+
+- ``config_class``: the dataclass of its ``agent:`` section (a subclass of
+  :class:`zmqrl.config.AgentConfig`), chosen by ``agent.algo``;
+- :meth:`Algorithm.check_spaces`: refuse env spaces it cannot train on, naming the key;
+- :meth:`Algorithm.make_policy`: the actor's policy (numpy for small MLPs on CPU, torch
+  otherwise), a :class:`zmqrl.core.Policy`;
+- :meth:`Algorithm.exploration`: the exploration schedule of one actor (Ape-X ε for Q-learning)
+  or of the single-process trainer;
+- :meth:`Algorithm.make_agent`: the learner's :class:`zmqrl.core.Agent` (imports torch);
+- :meth:`Algorithm.initial_params`: model version 0 drawn with numpy, so the learner can
+  publish before torch has loaded (``None`` to build the agent first);
+- :meth:`Algorithm.batch_spec`: the arrays of a transition batch, so a learner rejects a batch
+  that does not fit before it reaches replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+
+from zmqrl.config import AgentConfig, Config, ConfigError
+
+if TYPE_CHECKING:
+    from zmqrl.core import Agent, Params, Policy
+
+ArraySpec = tuple[np.dtype, tuple[int, ...]]  # dtype and per-item shape of one field of a batch
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """An exploration schedule: the value passed as ``explore`` to :meth:`Policy.act`.
+
+    ``name`` is what the value means (``epsilon`` for ε-greedy), used for logs and the
+    ``train/<name>`` record; ``schedule`` maps env steps taken so far to the value.
+    """
+
+    name: str
+    schedule: Callable[[int], float]
+
+    def __call__(self, env_steps: int) -> float:
+        return self.schedule(env_steps)
+
+
+def constant(name: str, value: float) -> Exploration:
+    """The same exploration value at every step."""
+    return Exploration(name, lambda _steps: value)
+
+
+def linear(name: str, start: float, end: float, decay_steps: int) -> Exploration:
+    """A linear decay from ``start`` to ``end`` over ``decay_steps`` env steps, then ``end``."""
+
+    def schedule(step: int) -> float:
+        if decay_steps <= 0:
+            return end
+        return end + (start - end) * max(0.0, 1.0 - step / decay_steps)
+
+    return Exploration(name, schedule)
+
+
+def resolve_backend(backend: str, numpy_ok: bool, device: str = "cpu") -> str:
+    """``auto`` picks numpy where the algorithm has a numpy policy for this config and the device
+    is the CPU (several times faster per step, and no torch import), else torch."""
+    if backend == "auto":
+        return "numpy" if numpy_ok and str(device) == "cpu" else "torch"
+    if backend not in ("numpy", "torch"):
+        raise ConfigError(f"actor.backend: must be auto, numpy or torch, got {backend!r}")
+    if backend == "numpy" and not numpy_ok:
+        raise ConfigError("actor.backend: numpy needs an MLP policy (agent.network: mlp); use torch or auto")
+    return backend
+
+
+def item_shape(space: gym.spaces.Space) -> tuple[int, ...]:
+    return tuple(int(d) for d in (space.shape or ()))
+
+
+class Algorithm:
+    """Base class of an algorithm's entry in the registry (torch-free; subclasses import torch
+    only inside :meth:`make_agent` and the torch branch of :meth:`make_policy`)."""
+
+    name: str = ""
+    config_class: type[AgentConfig] = AgentConfig
+
+    def check_spaces(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space) -> None:
+        """Raise :class:`ConfigError` naming ``env.id`` (and the key to change) for spaces this
+        algorithm cannot train on."""
+        raise NotImplementedError
+
+    def make_policy(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                    seed: int = 0, backend: str = "auto", device: str = "cpu") -> Policy:
+        """The acting half, for actors, the evaluator and ``zmqrl enjoy``."""
+        raise NotImplementedError
+
+    def exploration(self, cfg: Config, actor_index: int | None) -> Exploration:
+        """Actor ``actor_index`` of ``cfg.actor.num_actors``, or the single-process trainer (None)."""
+        raise NotImplementedError
+
+    def make_agent(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                   device: Any = "cpu", seed: int = 0) -> Agent:
+        """The learner's agent on ``device`` (a torch device or its name)."""
+        raise NotImplementedError
+
+    def initial_params(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                       seed: int) -> Params | None:
+        """Policy parameters of model version 0 drawn with numpy (what :meth:`Agent.params`
+        would return for a fresh agent), or None where the learner must build the agent first."""
+        return None
+
+    def batch_spec(self, cfg: Config, obs_space: gym.spaces.Space,
+                   action_space: gym.spaces.Space) -> dict[str, ArraySpec]:
+        """Every array of a transition batch that actors send: dtype and per-item shape.
+
+        ``priority`` (float32, optional) is not listed; the learner allows it on its own.
+        """
+        if isinstance(action_space, gym.spaces.Discrete):
+            action: ArraySpec = (np.dtype(np.int64), ())
+        else:
+            action = (np.dtype(action_space.dtype or np.float32), item_shape(action_space))
+        obs: ArraySpec = (np.dtype(obs_space.dtype or np.float32), item_shape(obs_space))
+        return {"obs": obs, "action": action, "reward": (np.dtype(np.float32), ()), "next_obs": obs,
+                "discount": (np.dtype(np.float32), ())}
+
+
+def epsilon_greedy(greedy_actions: np.ndarray, epsilon: float | np.ndarray, rng: np.random.Generator,
+                   num_actions: int) -> np.ndarray:
+    """Replace each greedy action by a uniform random one with probability ``epsilon`` (scalar or per row)."""
+    explore = rng.random(len(greedy_actions)) < epsilon
+    if explore.any():
+        greedy_actions[explore] = rng.integers(num_actions, size=int(explore.sum()))
+    return greedy_actions
+
+
+def apex_epsilon(eps: float, alpha: float, index: int, num_actors: int) -> float:
+    """Ape-X exploration: actor i of N uses eps ** (1 + alpha * i / (N - 1)); one actor uses eps."""
+    if num_actors <= 1:
+        return eps
+    return float(eps ** (1.0 + alpha * index / (num_actors - 1)))
