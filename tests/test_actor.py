@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from zmqrl.agents.numpy_policy import mlp_param_shapes
+from zmqrl.agents.dqn.numpy_policy import mlp_param_shapes
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.actor import MODEL_POLL_S, Actor

@@ -503,12 +503,11 @@ def py_spy_stack(pid: int) -> str | None:
 
 @pytest.mark.timeout(120)
 def test_evaluator_stops_when_learner_is_gone(tmp_path: Path, procs: Procs, cartpole_cfg: Any) -> None:
-    from zmqrl.agents import make_agent
-    from zmqrl.envs import spaces
+    from zmqrl.acting import make_task
     from zmqrl.wire import encode_model, new_incarnation
 
     cfg = cartpole_cfg(SEED)
-    params = make_agent(cfg.agent, *spaces(cfg.env), seed=7).params()
+    params = make_task(cfg).agent(seed=7).params()
     model = encode_model("learner", new_incarnation(), 0, params, meta={"opt_steps": 0, "pause": False})
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)  # the test plays the learner's model stream; nobody listens on the report address

@@ -10,19 +10,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zmqrl.agents import DQNAgent, DQNPolicy, make_agent, make_policy, resolve_device
-from zmqrl.agents.networks import MLPQNetwork, NatureCNNQNetwork
+from zmqrl import config as config_mod
+from zmqrl.acting import make_task
+from zmqrl.agents.dqn.agent import DQNAgent, DQNPolicy
+from zmqrl.agents.dqn.config import DQNConfig
+from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.staging import BatchStager
-from zmqrl.config import AgentConfig, ConfigError
+from zmqrl.agents.torch_util import resolve_device
+from zmqrl.config import ConfigError
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
 ACT_SPACE = gym.spaces.Discrete(3)
 
 
-def agent_cfg(**kw: object) -> AgentConfig:
+def agent_cfg(**kw: object) -> DQNConfig:
     base: dict[str, object] = {"hidden": [16, 16], "lr": 1e-2, "target_update_interval": 1000}
     base.update(kw)
-    return AgentConfig(**base)  # type: ignore[arg-type]
+    return DQNConfig(**base)  # type: ignore[arg-type]
 
 
 def make_batch(n: int = 32, seed: int = 0, weights: bool = False) -> dict[str, np.ndarray]:
@@ -112,9 +116,10 @@ def test_acting_is_reproducible_for_a_seed() -> None:
     assert not np.array_equal(a, c)
 
 
-def test_policy_rejects_continuous_actions() -> None:
-    with pytest.raises(ConfigError, match="Discrete"):
-        DQNPolicy(agent_cfg(), OBS_SPACE, gym.spaces.Box(-1, 1, shape=(1,)))
+def test_dqn_refuses_continuous_actions_naming_the_env_and_the_way_out() -> None:
+    cfg = config_mod.load("configs/cartpole_dqn.yaml", ["env.id=Pendulum-v1"])
+    with pytest.raises(ConfigError, match=r"env.id: 'Pendulum-v1' .*Discrete.*agent.algo=sac"):
+        make_task(cfg)
 
 
 # ---------------------------------------------------------------- targets and losses
@@ -324,6 +329,9 @@ def test_nature_cnn_forward_shape() -> None:
 def test_nature_cnn_needs_image_observations() -> None:
     with pytest.raises(ConfigError, match="agent.network: nature_cnn needs"):
         DQNPolicy(agent_cfg(network="nature_cnn"), OBS_SPACE, ACT_SPACE)
+    cfg = config_mod.load("configs/cartpole_dqn.yaml", ["agent.network=nature_cnn"])
+    with pytest.raises(ConfigError, match="agent.network: nature_cnn needs"):
+        make_task(cfg)
 
 
 # ---------------------------------------------------------------- parameters and state
@@ -402,8 +410,9 @@ def test_policy_priorities_use_the_local_network() -> None:
 
 
 def test_factories_and_device() -> None:
-    assert type(make_policy(agent_cfg(), OBS_SPACE, ACT_SPACE)) is DQNPolicy
-    assert type(make_agent(agent_cfg(), OBS_SPACE, ACT_SPACE)) is DQNAgent
+    task = make_task(config_mod.load("configs/cartpole_dqn.yaml"))
+    assert type(task.policy(0, backend="torch")) is DQNPolicy
+    assert type(task.agent()) is DQNAgent
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type in ("cpu", "cuda")
     with pytest.raises(ConfigError, match="run.device"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from zmqrl.config import ConfigError, EnvConfig
-from zmqrl.envs import GreedyEvaluator, VectorStepper, check_env, make_env, make_vector_env, spaces
+from zmqrl.envs import GreedyEvaluator, VectorStepper, make_env, make_vector_env, spaces
 
 
 def angle_policy(obs: np.ndarray) -> np.ndarray:
@@ -81,12 +81,6 @@ def test_unknown_wrapper_is_a_config_error() -> None:
 def test_unknown_env_id_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="env.id: cannot make 'NoSuchEnv-v0'"):
         make_env(EnvConfig(id="NoSuchEnv-v0"))
-
-
-def test_check_env_rejects_continuous_actions() -> None:
-    check_env(EnvConfig(id="CartPole-v1"))  # accepted: the assertion is that the next one is not
-    with pytest.raises(ConfigError, match="Discrete"):
-        check_env(EnvConfig(id="Pendulum-v1"))
 
 
 def test_spaces() -> None:

@@ -27,7 +27,8 @@ from zmqrl.config import Config
 from zmqrl.envs import spaces
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import free_port, read_json
-from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner, initial_params
+from zmqrl.acting import make_task
+from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner
 from zmqrl.wire import BATCH, MODEL, Limits, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,7 +96,7 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
     try:
         assert sub.poll(10_000), "no model version 0 while the agent was still being built"
         model = decode(sub.recv_multipart(), Limits.only([MODEL]))
-        expected = initial_params(cfg, *spaces(cfg.env))
+        expected = make_task(cfg).initial_params()
         assert model.version == 0 and expected is not None and set(model.arrays) == set(expected)
         for name, value in expected.items():
             np.testing.assert_array_equal(model.arrays[name], value)

@@ -9,9 +9,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from zmqrl.agents import DQNPolicy, NumpyMLPPolicy, make_policy
-from zmqrl.agents.policy import resolve_backend
-from zmqrl.config import AgentConfig, ConfigError
+from zmqrl import config as config_mod
+from zmqrl.acting import make_task
+from zmqrl.agents.base import resolve_backend
+from zmqrl.agents.dqn.agent import DQNPolicy
+from zmqrl.agents.dqn.config import DQNConfig as AgentConfig
+from zmqrl.agents.dqn.numpy_policy import NumpyMLPPolicy
+from zmqrl.config import ConfigError
 
 OBS = gym.spaces.Box(-5, 5, (6,), np.float32)
 ACT = gym.spaces.Discrete(3)
@@ -54,19 +58,20 @@ def test_epsilon_one_explores_uniformly_and_zero_is_greedy() -> None:
 
 
 def test_backend_choice() -> None:
-    assert resolve_backend(AgentConfig(network="mlp"), "auto") == "numpy"
-    assert resolve_backend(AgentConfig(network="nature_cnn"), "auto") == "torch"
-    assert resolve_backend(AgentConfig(network="mlp"), "auto", device="cuda") == "torch"
-    assert isinstance(make_policy(AgentConfig(), OBS, ACT, backend="auto"), NumpyMLPPolicy)
-    with pytest.raises(ConfigError, match="nature_cnn"):
-        NumpyMLPPolicy(AgentConfig(network="nature_cnn"), OBS, ACT)
+    assert resolve_backend("auto", numpy_ok=True) == "numpy"
+    assert resolve_backend("auto", numpy_ok=False) == "torch"
+    assert resolve_backend("auto", numpy_ok=True, device="cuda") == "torch"
+    task = make_task(config_mod.load("configs/cartpole_dqn.yaml"))
+    assert isinstance(task.policy(0, backend="auto"), NumpyMLPPolicy)
+    with pytest.raises(ConfigError, match="actor.backend: numpy needs an MLP"):
+        resolve_backend("numpy", numpy_ok=False)
 
 
 def test_actor_and_evaluator_roles_do_not_import_torch() -> None:
     code = ("import sys; import zmqrl.roles.actor, zmqrl.roles.evaluator, zmqrl.roles.proxy; "
-            "from zmqrl import config; from zmqrl.agents import make_policy; from zmqrl.envs import spaces; "
-            "cfg = config.load('configs/cartpole_dqn.yaml'); o, a = spaces(cfg.env); "
-            "make_policy(cfg.agent, o, a, backend=cfg.actor.backend); "
+            "from zmqrl import config; from zmqrl.acting import make_task; "
+            "cfg = config.load('configs/cartpole_dqn.yaml'); "
+            "make_task(cfg).policy(0, backend=cfg.actor.backend); "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

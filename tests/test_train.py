@@ -17,7 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from zmqrl import checkpoint, config
 from zmqrl.config import Config
-from zmqrl.train import linear_epsilon, train
+from zmqrl.agents.base import linear
+from zmqrl.train import train
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_RUN = ["trainer.max_opts=300", "trainer.warmup=200", "trainer.eval_interval=100", "trainer.save_interval=100",
@@ -46,6 +47,9 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Config,
 
 
 def test_linear_epsilon() -> None:
+    def linear_epsilon(step: int, start: float, end: float, decay: int) -> float:
+        return linear("epsilon", start, end, decay)(step)
+
     assert linear_epsilon(0, 1.0, 0.1, 100) == 1.0
     assert linear_epsilon(50, 1.0, 0.1, 100) == pytest.approx(0.55)
     assert linear_epsilon(100, 1.0, 0.1, 100) == pytest.approx(0.1)

@@ -586,13 +586,13 @@ def _child_feed(p: dict[str, Any], flag: _Flag) -> dict[str, Any]:
 def _child_modelsub(p: dict[str, Any], flag: _Flag) -> dict[str, Any]:
     """Subscribe like an actor (CONFLATE, drain_latest_model) and time publish -> load_params per model."""
     from zmqrl import config as config_mod
-    from zmqrl.agents import make_policy
-    from zmqrl.envs import spaces
+    from zmqrl.acting import make_task
 
-    cfg = config_mod.load(p["config"], [])
-    obs_space, act_space = spaces(cfg.env)
-    policies = {str(h): make_policy(dataclasses.replace(cfg.agent, hidden=[h, h]), obs_space, act_space,
-                                    backend=cfg.actor.backend) for h in p["hidden"]}
+    def policy(h: int) -> Any:
+        cfg = config_mod.load(p["config"], [f"agent.hidden=[{h}, {h}]"])
+        return make_task(cfg).policy(0, backend=cfg.actor.backend)
+
+    policies = {str(h): policy(h) for h in p["hidden"]}
     limits = Limits.only(["model"])
     ctx = zmq.Context(io_threads=1)
     sub = make_socket(ctx, zmq.SUB, SocketOptions.sub(limits), connect=p["connect"])
@@ -638,24 +638,25 @@ def child_main(argv: list[str]) -> int:
 # ------------------------------------------------------------------------------------- replay
 
 
+def uniform_actions(stepper: Any, rng: np.random.Generator) -> np.ndarray:
+    """One uniformly random action per env of a vector (dtype as the single env's action space)."""
+    space = stepper.vec.single_action_space
+    space.seed(int(rng.integers(2**31)))
+    return np.stack([np.asarray(space.sample()) for _ in range(stepper.num_envs)])
+
+
 def transition_pool(cfg: Any, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     """``n`` real n-step transitions of the configured env under a uniform random policy, as the actor builds them."""
-    import gymnasium as gym
-
-    from zmqrl.envs import VectorStepper, make_vector_env, spaces
+    from zmqrl.envs import VectorStepper, make_vector_env
     from zmqrl.replay import NStepBuilder
 
-    action_space = spaces(cfg.env)[1]
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise BenchError(f"{cfg.env.id}: the bench needs a Discrete action space")
-    num_actions = int(action_space.n)
     stepper = VectorStepper(make_vector_env(cfg.env, cfg.env.num_envs, seed), seed)
     nstep = NStepBuilder(cfg.env.num_envs, cfg.agent.n_step, cfg.agent.gamma)
     rng = np.random.default_rng(seed)
     parts, count = [], 0
     try:
         while count < n:
-            step = stepper.step(rng.integers(0, num_actions, stepper.num_envs))  # int64, as policy.act returns
+            step = stepper.step(uniform_actions(stepper, rng))
             out = nstep.push(step.obs, step.action, step.reward, step.next_obs, step.terminated, step.truncated)
             if out is not None:
                 parts.append(out)
@@ -746,14 +747,13 @@ def _await_subscriber(pub: zmq.Socket, timeout_s: float) -> None:
 
 
 def _bare_loop(actor: Any, seconds: float) -> float:
-    """Env steps/s of the actor's own vector env, policy forward and n-step builder: no sockets, no batching."""
-    stepper, policy, nstep, eps = actor.stepper, actor.policy, actor.nstep, actor.epsilon
+    """Env steps/s of the actor's own acting loop (vector env, policy, n-step builder): no sockets, no batching."""
+    loop = actor.loop
     n, start = 0, time.perf_counter()
     deadline = start + seconds
     while True:
-        step = stepper.step(policy.act(stepper.obs, eps))
-        nstep.push(step.obs, step.action, step.reward, step.next_obs, step.terminated, step.truncated)
-        n += stepper.num_envs
+        loop.step()
+        n += loop.num_envs
         if n % 256 == 0 and time.perf_counter() >= deadline:
             return n / (time.perf_counter() - start)
 
@@ -766,8 +766,7 @@ def bench_actor(c: Context) -> list[Row]:
     """
     import torch
 
-    from zmqrl.agents.dqn import DQNPolicy
-    from zmqrl.envs import spaces
+    from zmqrl.acting import make_task
     from zmqrl.lifecycle import StopFlag
     from zmqrl.roles.actor import Actor
 
@@ -776,7 +775,7 @@ def bench_actor(c: Context) -> list[Row]:
     cfg = _load_config(s, "actor.nice=0")
     params_path = c.path("actor-model.npz")
     with open(params_path, "wb") as fh:  # what a learner publishes: torch state_dict arrays
-        cast(Any, np.savez)(fh, **DQNPolicy(cfg.agent, *spaces(cfg.env)).params())
+        cast(Any, np.savez)(fh, **make_task(cfg).agent().params())
     sink_addr, model_addr = _free_addr(), _free_addr()
     out = c.path("actor-sink.json")
     bare: list[float] = []
@@ -966,19 +965,16 @@ def bench_broadcast(c: Context) -> list[Row]:
     """Publish (params + encode + send) -> applied with load_params in a subscriber process: median and p90."""
     import torch
 
-    from zmqrl.agents.dqn import DQNPolicy
-    from zmqrl.agents.policy import resolve_backend
-    from zmqrl.envs import spaces
+    from zmqrl.acting import make_task
     from zmqrl.wire import encode_model
 
     s = c.settings
     torch.set_num_threads(1)
     cfg = _load_config(s)
-    obs_space, act_space = spaces(cfg.env)
     sizes = (("broadcast_1mb", 2**20, 5.0, s.publish_gap_s), ("broadcast_10mb", 10 * 2**20, 25.0, 2 * s.publish_gap_s))
     hidden = [_hidden_for(nbytes) for _, nbytes, _, _ in sizes]
-    policies = [DQNPolicy(dataclasses.replace(cfg.agent, hidden=[h, h]), obs_space, act_space) for h in hidden]
-    backend = resolve_backend(cfg.agent, cfg.actor.backend)
+    policies = [make_task(_load_config(s, f"agent.hidden=[{h}, {h}]")).agent() for h in hidden]
+    backend = type(make_task(cfg).policy(0, backend=cfg.actor.backend)).__name__
     n = s.publishes
     addr, out = _free_addr(), c.path("modelsub.json")
     with Procs(c.logs) as procs:

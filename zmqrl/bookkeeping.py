@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zmqrl import checkpoint
-from zmqrl.config import Config, dump, to_flat_dict
+from zmqrl.config import Config, ConfigError, dump, to_flat_dict
 from zmqrl.core import Agent
 from zmqrl.record import Progress, TensorBoardRecorder
 from zmqrl.replay import make_replay
@@ -34,9 +34,10 @@ log = logging.getLogger("zmqrl")
 STACKING_WRAPPERS = ("atari", "frame_stack")  # wrappers that stack env.frame_stack frames on axis 0
 
 
-def make_replay_from(cfg: Config) -> Any:
+def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None) -> Any:
     """The configured replay; image frames are stored once unless ``replay.dedup_frames`` is off.
 
+    ``spec`` (the algorithm's batch spec) fixes the stored arrays before any batch arrives.
     Torch-free, so the learner can build its replay and start inserting before torch has loaded.
     """
     r = cfg.replay
@@ -44,6 +45,24 @@ def make_replay_from(cfg: Config) -> Any:
     frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1
     return make_replay(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, r.priority_eps,
                        seed=cfg.run.seed + 7, frame_stack=frame_stack)
+
+
+def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:
+    """Before touching anything: ``--resume`` needs a run directory with a readable latest checkpoint."""
+    if not resume:
+        return
+    if not run_dir:
+        raise ConfigError("--resume needs --run-dir (the run directory to continue)")
+    checkpoint.resolve(Path(run_dir) / "checkpoints" / "latest")
+
+
+def restore_replay(book: Bookkeeper, replay: Any, state: dict[str, Any]) -> None:
+    """On resume: the saved replay contents when there are any (``trainer.checkpoint_replay``),
+    else an empty buffer that keeps the sampling RNG, beta schedule and max priority."""
+    if book.replay_ckpt is not None and book.replay_ckpt.restore():
+        return
+    if "replay" in state:
+        replay.load_state_dict({**state["replay"], "ptr": 0, "size": 0})
 
 
 def prepare_run_dir(cfg: Config, run_dir: str | Path | None) -> Path:
@@ -274,8 +293,10 @@ class Bookkeeper:
     def save(self, name: str, extra: dict[str, Any] | None = None) -> Path:
         import torch
 
-        agent_state = dict(self._attached().state_dict())
+        agent = self._attached()
+        agent_state = dict(agent.state_dict())
         agent_state["torch_rng"] = torch.get_rng_state()
+        agent_state[checkpoint.POLICY_KEY] = checkpoint.policy_tensors(agent.params())
         path = checkpoint.save(self.ckpt_dir / name, agent_state, {**self.state(), **(extra or {})})
         if name == "latest":
             self._last_latest = time.monotonic()
@@ -289,6 +310,7 @@ class Bookkeeper:
 
         agent_state, state = checkpoint.load(self.ckpt_dir / name, map_location=self.agent_device())
         torch_rng = agent_state.pop("torch_rng", None)
+        agent_state.pop(checkpoint.POLICY_KEY, None)
         try:
             self._attached().load_state_dict(agent_state)
         except (KeyError, RuntimeError, ValueError) as exc:

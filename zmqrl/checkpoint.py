@@ -1,7 +1,8 @@
 """Atomic checkpoints: write everything under a temporary name, then rename into place.
 
 A checkpoint is a directory holding ``agent.pt`` (networks and optimiser, read back with
-``torch.load(weights_only=True)`` so no code is ever executed from it) and ``state.json``
+``torch.load(weights_only=True)`` so no code is ever executed from it; under ``policy``, the
+named parameters an actor acts with, whichever algorithm wrote it) and ``state.json``
 (counters, model version, schedules, RNG states). Replacing an existing directory takes two
 renames: the old copy moves to ``NAME.old`` first and is deleted only after the new one is in
 place; :func:`load` falls back to ``NAME.old`` if a crash happened in between. A crash can
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 AGENT_FILE = "agent.pt"
 STATE_FILE = "state.json"
+POLICY_KEY = "policy"  # in agent.pt of every checkpoint: the policy parameters actors act with
 
 
 class CheckpointError(RuntimeError):
@@ -135,3 +137,20 @@ def load(directory: str | Path, map_location: str | torch.device = "cpu") -> tup
     if not isinstance(agent_state, dict):
         raise CheckpointError(f"{agent_path}: expected a dict of agent state")
     return agent_state, state
+
+
+def policy_tensors(params: dict[str, Any]) -> dict[str, Any]:
+    """Named numpy arrays as CPU tensors (what ``agent.pt`` stores under :data:`POLICY_KEY`)."""
+    import numpy as np
+    import torch
+
+    return {k: torch.from_numpy(np.array(v, copy=True)) for k, v in params.items()}
+
+
+def load_policy_params(directory: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The policy parameters (named numpy arrays) and ``state.json`` of any checkpoint."""
+    agent_state, state = load(directory)
+    params = agent_state.get(POLICY_KEY)
+    if not isinstance(params, dict) or not params:
+        raise CheckpointError(f"{resolve(directory) / AGENT_FILE}: holds no policy parameters ('{POLICY_KEY}')")
+    return {k: v.detach().cpu().numpy() for k, v in params.items()}, state

@@ -74,20 +74,6 @@ def make_env(cfg: EnvConfig) -> gym.Env:
     return env
 
 
-def check_env(cfg: EnvConfig) -> None:
-    """Fail early, with the config key in the message, on an env zmqrl cannot train on."""
-    env = make_env(cfg)
-    try:
-        if not isinstance(env.action_space, gym.spaces.Discrete):
-            raise ConfigError(f"env.id: {cfg.id!r} has action space {env.action_space}; "
-                              "the dqn agent needs a Discrete one")
-        if not isinstance(env.observation_space, gym.spaces.Box):
-            raise ConfigError(f"env.id: {cfg.id!r} has observation space {env.observation_space}; "
-                              "a Box is needed")
-    finally:
-        env.close()
-
-
 def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> SyncVectorEnv:
     """``num_envs`` envs stepped together; env ``i`` is seeded with ``seed + i`` at the first reset."""
     vec = SyncVectorEnv([lambda: make_env(cfg) for _ in range(num_envs)],

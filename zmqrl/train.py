@@ -14,40 +14,14 @@ from typing import Any
 
 import torch
 
-from zmqrl import checkpoint
-from zmqrl.agents import make_agent, resolve_device
-from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir
-from zmqrl.config import Config, ConfigError
-from zmqrl.envs import GreedyEvaluator, VectorStepper, check_env, make_vector_env, spaces
+from zmqrl.acting import ActingLoop, make_task
+from zmqrl.agents.torch_util import resolve_device
+from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir, require_checkpoint, restore_replay
+from zmqrl.config import Config
+from zmqrl.envs import GreedyEvaluator
 from zmqrl.lifecycle import StopFlag, seed_everything
-from zmqrl.replay import NStepBuilder
 
 log = logging.getLogger("zmqrl")
-
-
-def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> float:
-    """Epsilon after ``step`` env steps of a linear decay from ``start`` to ``end``."""
-    if decay_steps <= 0:
-        return end
-    return end + (start - end) * max(0.0, 1.0 - step / decay_steps)
-
-
-def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:
-    """Before touching anything: ``--resume`` needs a run directory with a readable latest checkpoint."""
-    if not resume:
-        return
-    if not run_dir:
-        raise ConfigError("--resume needs --run-dir (the run directory to continue)")
-    checkpoint.resolve(Path(run_dir) / "checkpoints" / "latest")
-
-
-def restore_replay(book: Bookkeeper, replay: Any, state: dict[str, Any]) -> None:
-    """On resume: the saved replay contents when there are any (``trainer.checkpoint_replay``),
-    else an empty buffer that keeps the sampling RNG, beta schedule and max priority."""
-    if book.replay_ckpt is not None and book.replay_ckpt.restore():
-        return
-    if "replay" in state:
-        replay.load_state_dict({**state["replay"], "ptr": 0, "size": 0})
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
@@ -55,13 +29,12 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
     torch.set_num_threads(1)
     seed = cfg.run.seed
     seed_everything(seed)
-    check_env(cfg.env)
+    task = make_task(cfg)
     device = resolve_device(cfg.run.device)
     require_checkpoint(run_dir or cfg.run.run_dir, resume)
     path = prepare_run_dir(cfg, run_dir)
-    obs_space, act_space = spaces(cfg.env)
-    agent = make_agent(cfg.agent, obs_space, act_space, device=device, seed=seed)
-    replay = make_replay_from(cfg)
+    agent = task.agent(device=device, seed=seed)
+    replay = make_replay_from(cfg, task.batch_spec())
     book = Bookkeeper(cfg, path, agent, extra_state=lambda: {"replay": replay.state_dict()}, replay=replay)
     if resume:
         state = book.restore("latest")
@@ -69,34 +42,30 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
         log.info("resumed from %s at opt step %d with %d transitions in replay", path / "checkpoints/latest",
                  book.opt_steps, len(replay))
 
-    num_envs = cfg.env.num_envs
-    stepper = VectorStepper(make_vector_env(cfg.env, num_envs, seed), seed)
-    nstep = NStepBuilder(num_envs, cfg.agent.n_step, cfg.agent.gamma)
+    loop = ActingLoop(cfg, agent, task.exploration(None), seed, env_steps=book.env_steps)
     evaluator = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed + 1_000_000)
-    tc, ac = cfg.trainer, cfg.agent
-    log.info("training %s on %s in %s (device %s)", ac.algo, cfg.env.id, path, device)
+    tc, batch_size = cfg.trainer, cfg.agent.batch_size
+    explore_tag = loop.exploration.name
+    log.info("training %s on %s in %s (device %s)", cfg.agent.algo, cfg.env.id, path, device)
 
     opt_credit = 0.0
     with StopFlag() as stop:
         while not stop.set and not book.should_stop():
-            eps = linear_epsilon(book.env_steps, ac.eps_start, ac.eps_end, ac.eps_decay_steps)
-            step = stepper.step(agent.act(stepper.obs, eps))
-            book.add_env_steps(num_envs)
-            book.add_episodes(step.episode_returns, step.episode_lengths)
-            transitions = nstep.push(step.obs, step.action, step.reward, step.next_obs,
-                                     step.terminated, step.truncated)
-            if transitions is not None:
-                replay.add(transitions)
+            acted = loop.step()
+            book.add_env_steps(loop.num_envs)
+            book.add_episodes(acted.episode_returns, acted.episode_lengths)
+            if acted.transitions is not None:
+                replay.add(acted.transitions)
             if len(replay) < tc.warmup:
                 continue
-            opt_credit += num_envs / tc.opt_interval
+            opt_credit += loop.num_envs / tc.opt_interval
             while opt_credit >= 1.0 and not book.should_stop():
                 opt_credit -= 1.0
-                batch = replay.sample(ac.batch_size)
+                batch = replay.sample(batch_size)
                 metrics, priorities = agent.update(batch)
                 if priorities is not None:
                     replay.update_priorities(batch["indices"], priorities)
-                book.opt_step({**metrics, "epsilon": eps},
+                book.opt_step({**metrics, explore_tag: acted.explore},
                               perf=lambda: {"perf/replay_size": float(len(replay)),
                                             "perf/beta": float(getattr(replay, "beta", 1.0))})
                 if book.eval_due():
@@ -104,7 +73,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
                     book.evaluation(returns, lengths, version=book.opt_steps)
     if stop.set:
         book.stop_reason = "interrupted"
-    stepper.close()
+    loop.close()
     evaluator.close()
     summary = book.finish({"replay_size": len(replay)})
     log.info("done (%s): %d env steps, %d opt steps in %.1fs, best eval %s", book.stop_reason,

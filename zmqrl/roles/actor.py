@@ -25,11 +25,9 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zmqrl.agents import make_policy
+from zmqrl.acting import ActingLoop, make_task
 from zmqrl.config import Config
-from zmqrl.envs import VectorStepper, check_env, make_vector_env, spaces
 from zmqrl.lifecycle import StopFlag, seed_everything
-from zmqrl.replay import NStepBuilder
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.wire import (
     MODEL,
@@ -60,13 +58,6 @@ class ReadyBatch:
     high: int
     returns: list[float]  # episodes that ended while it was built
     lengths: list[int]
-
-
-def actor_epsilon(eps: float, alpha: float, index: int, num_actors: int) -> float:
-    """Ape-X exploration: actor i of N uses eps ** (1 + alpha * i / (N - 1)); one actor uses eps."""
-    if num_actors <= 1:
-        return eps
-    return float(eps ** (1.0 + alpha * index / (num_actors - 1)))
 
 
 def lower_priority(nice: int) -> None:
@@ -117,12 +108,10 @@ class Actor:
         self.incarnation = new_incarnation()
         self.seed = cfg.run.seed + 1000 * (index + 1)
         seed_everything(self.seed)
-        check_env(cfg.env)
-        obs_space, act_space = spaces(cfg.env)
-        self.policy = make_policy(cfg.agent, obs_space, act_space, seed=self.seed, backend=cfg.actor.backend)
-        self.epsilon = actor_epsilon(cfg.actor.eps, cfg.actor.eps_alpha, index, cfg.actor.num_actors)
-        self.stepper = VectorStepper(make_vector_env(cfg.env, cfg.env.num_envs, self.seed), self.seed)
-        self.nstep = NStepBuilder(cfg.env.num_envs, cfg.agent.n_step, cfg.agent.gamma)
+        task = make_task(cfg)
+        self.policy = task.policy(self.seed, backend=cfg.actor.backend)
+        self.exploration = task.exploration(index)
+        self.loop = ActingLoop(cfg, self.policy, self.exploration, self.seed)
         self.priorities = cfg.actor.compute_priorities and cfg.replay.prioritized
 
         self.ctx = new_context(cfg.net)
@@ -186,8 +175,8 @@ class Actor:
         while not stop.set:
             self._poll_links()
             if self.sub.poll(100, zmq.POLLIN) and self._take_newest_model():
-                log.info("%s: got model version %d after %.2fs; acting with epsilon %.4g", self.name,
-                         self.version, time.monotonic() - started, self.epsilon)
+                log.info("%s: got model version %d after %.2fs; acting with %s %.4g", self.name, self.version,
+                         time.monotonic() - started, self.exploration.name, self.exploration(0))
                 return True
             if remind():
                 log.info("%s: still waiting for a model from %s (%.0fs)", self.name, self.model_addr,
@@ -216,7 +205,9 @@ class Actor:
         for ready in self._ready:
             batch = {key: value[end:end + ready.size] for key, value in arrays.items()}
             if self.priorities:
-                batch["priority"] = self.policy.priorities(batch)
+                priority = self.policy.priorities(batch)
+                if priority is not None:
+                    batch["priority"] = priority
             batches.append(batch)
             end += ready.size
         return batches
@@ -233,8 +224,8 @@ class Actor:
         outbox = []
         for i, (ready, arrays) in enumerate(zip(self._ready, self._arrays(), strict=True)):
             meta = {"episodes": {"returns": ready.returns, "lengths": ready.lengths}, "actor": self.index,
-                    "max_version": ready.high, "model_inc": self.versions.incarnation, "epsilon": self.epsilon,
-                    "stats": stats}
+                    "max_version": ready.high, "model_inc": self.versions.incarnation,
+                    "explore": self.exploration(self.loop.env_steps), "stats": stats}
             outbox.append((self.encoder.encode(self.seq + i, ready.low, arrays, meta), ready.size))
         for frames, size in outbox:
             sent, blocked_s = send_blocking(
@@ -277,8 +268,8 @@ class Actor:
         """The acting loop of :meth:`run` (without the first model's wait and the last flush)."""
         n_buffer = self.cfg.actor.n_buffer
         report = Every(self.cfg.net.stats_interval_s * 5)
-        stepper, policy, nstep, stats, epsilon = self.stepper, self.policy, self.nstep, self.stats, self.epsilon
-        num_envs, clock, next_poll = stepper.num_envs, time.monotonic, 0.0
+        loop, stats = self.loop, self.stats
+        num_envs, clock, next_poll = loop.num_envs, time.monotonic, 0.0
         while not stop.set:
             now = clock()
             if now >= next_poll:
@@ -298,14 +289,13 @@ class Actor:
                 self._flush(stop)
             if self._versions is None:
                 self._versions = (self.version, self.version)
-            step = stepper.step(policy.act(stepper.obs, epsilon))
+            acted = loop.step()
             stats.env_steps += num_envs
-            if step.episode_returns:
-                stats.episodes += len(step.episode_returns)
-                self._episodes[0].extend(step.episode_returns)
-                self._episodes[1].extend(step.episode_lengths)
-            transitions = nstep.push(step.obs, step.action, step.reward, step.next_obs,
-                                     step.terminated, step.truncated)
+            if acted.episode_returns:
+                stats.episodes += len(acted.episode_returns)
+                self._episodes[0].extend(acted.episode_returns)
+                self._episodes[1].extend(acted.episode_lengths)
+            transitions = acted.transitions
             if transitions is not None:
                 self._pending.append(transitions)
                 self._pending_n += len(transitions["reward"])
@@ -324,15 +314,15 @@ class Actor:
             link.poll()
 
     def close(self) -> None:
-        write_role_stats(self.run_dir, self.name, {"incarnation": self.incarnation, "sent_seq": self.seq,
-                                                   "epsilon": self.epsilon, **self.stats.as_dict(),
-                                                   "links": [link.stats() for link in self.links]})
+        write_role_stats(self.run_dir, self.name, {
+            "incarnation": self.incarnation, "sent_seq": self.seq, "explore": self.exploration(self.loop.env_steps),
+            **self.stats.as_dict(), "links": [link.stats() for link in self.links]})
         for link in self.links:
             link.close()
         self.push.close(linger=1000)
         self.sub.close(linger=0)
         self.ctx.term()
-        self.stepper.close()
+        self.loop.close()
 
 
 def run_actor(cfg: Config, index: int, proxy_addr: str, model_addr: str, run_dir: str | None = None) -> int:

@@ -16,9 +16,9 @@ import numpy as np
 import zmq
 
 from zmqrl import checkpoint
-from zmqrl.agents import make_policy
+from zmqrl.acting import make_task
 from zmqrl.config import Config
-from zmqrl.envs import GreedyEvaluator, check_env, spaces
+from zmqrl.envs import GreedyEvaluator
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
 from zmqrl.wire import (
@@ -45,9 +45,7 @@ class Evaluator:
         self.incarnation = new_incarnation()
         seed = cfg.run.seed + 1_000_000
         seed_everything(seed)
-        check_env(cfg.env)
-        obs_space, act_space = spaces(cfg.env)
-        self.policy = make_policy(cfg.agent, obs_space, act_space, seed=seed, backend=cfg.actor.backend)
+        self.policy = make_task(cfg).policy(seed, backend=cfg.actor.backend)
         self.episodes = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed)
         self.ctx = new_context(cfg.net)
         self.model_addr, self.report_addr = model_addr, report_addr
@@ -103,14 +101,17 @@ class Evaluator:
         return True
 
     def _save_best(self, params: dict[str, np.ndarray], version: int, opt_steps: int, mean: float) -> None:
+        """``checkpoints/best`` in the format of every checkpoint, holding the policy (what an
+        evaluator has); the learner's training state lives in ``latest`` and the numbered ones."""
         if not self.run_dir:
             return
         import torch  # only when saving: the checkpoint format is torch's
 
         torch.set_num_threads(1)
-        agent_state = {"q": {k: torch.from_numpy(v) for k, v in params.items()}}
+        agent_state = {checkpoint.POLICY_KEY: checkpoint.policy_tensors(params)}
         checkpoint.save(Path(self.run_dir) / "checkpoints" / "best", agent_state,
-                        {"version": version, "opt_steps": opt_steps, "eval_return": mean, "source": "evaluator"})
+                        {"version": version, "opt_steps": opt_steps, "eval_return": mean, "source": "evaluator",
+                         "training_state": False})
 
     def run(self, stop: StopFlag) -> None:
         log.info("evaluator: waiting for models from %s; reporting to %s", self.model_addr, self.report_addr)

@@ -19,23 +19,20 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import gymnasium as gym
 import numpy as np
 import zmq
 
-from zmqrl.agents.numpy_policy import mlp_param_shapes
-from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir
+from zmqrl.acting import make_task
+from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir, require_checkpoint, restore_replay
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config
 from zmqrl.core import Agent
-from zmqrl.envs import check_env, spaces
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, read_json
 from zmqrl.wire import (
@@ -97,25 +94,6 @@ def _episodes(meta: dict[str, Any]) -> tuple[list[float], list[int]]:
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in returns + lengths):
         return [], []
     return [float(r) for r in returns], [int(n) for n in lengths]
-
-
-def initial_params(cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space) -> \
-        dict[str, np.ndarray] | None:
-    """Model version 0 without torch: the MLP Q-network's parameters drawn like torch's default
-    ``nn.Linear`` init (weights and biases uniform in +-1/sqrt(fan_in)), seeded by ``run.seed``.
-
-    None where the agent is not a DQN MLP (the learner then builds the agent before publishing).
-    """
-    if cfg.agent.algo != "dqn" or cfg.agent.network != "mlp" or not isinstance(action_space, gym.spaces.Discrete):
-        return None
-    shapes = mlp_param_shapes(cfg.agent, int(np.prod(obs_space.shape or ())), int(action_space.n))
-    rng = np.random.default_rng(cfg.run.seed)
-    params = {}
-    for name, shape in shapes.items():
-        fan_in = shapes[name.rsplit(".", 1)[0] + ".weight"][1]
-        bound = 1.0 / math.sqrt(fan_in)
-        params[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
-    return params
 
 
 class Background(threading.Thread, Generic[T]):
@@ -219,17 +197,14 @@ class Learner:
         self.started = time.monotonic()
         self.cfg = cfg
         seed_everything(cfg.run.seed)
-        check_env(cfg.env)
-        if resume:
-            from zmqrl.train import require_checkpoint  # imports torch: resuming builds the agent first anyway
-
-            require_checkpoint(run_dir or cfg.run.run_dir, resume)
+        self.task = make_task(cfg)
+        require_checkpoint(run_dir or cfg.run.run_dir, resume)
         self.dir = prepare_run_dir(cfg, run_dir)
-        self.spaces = spaces(cfg.env)
-        self.replay = make_replay_from(cfg)
+        self.spec = self.task.batch_spec()
+        self.replay = make_replay_from(cfg, self.spec)
         self.book = Bookkeeper(cfg, self.dir, None, extra_state=lambda: {"replay": self.replay.state_dict()},
                                replay=self.replay)
-        self._initial = None if resume else initial_params(cfg, *self.spaces)
+        self._initial = None if resume else self.task.initial_params()
         self._agent: Agent | None = None
         self._builder: Background[Agent] = Background(self._build_agent, name="agent-builder")
         self._deferred: list[Message] = []  # evaluation reports that came before the agent
@@ -237,8 +212,6 @@ class Learner:
             self._builder.run()
             self._adopt(self._builder.get())
             if resume:
-                from zmqrl.train import restore_replay
-
                 state = self.book.restore("latest")
                 restore_replay(self.book, self.replay, state)
                 log.info("learner: resumed from %s at opt step %d, model version %d, %d transitions in replay",
@@ -287,17 +260,13 @@ class Learner:
         """Import torch, build the agent (adopting the published version-0 parameters) and open TensorBoard."""
         import torch
 
-        from zmqrl.agents import make_agent, resolve_device
+        from zmqrl.agents.torch_util import resolve_device
 
         torch.set_num_threads(1)
         torch.manual_seed(self.cfg.run.seed)
-        agent = make_agent(self.cfg.agent, *self.spaces, device=resolve_device(self.cfg.run.device),
-                           seed=self.cfg.run.seed)
+        agent = self.task.agent(device=resolve_device(self.cfg.run.device), seed=self.cfg.run.seed)
         if self._initial is not None:
-            agent.load_params(self._initial)
-            q, target = getattr(agent, "q", None), getattr(agent, "target", None)
-            if q is not None and target is not None:
-                target.load_state_dict(q.state_dict())  # the target starts as a copy of the online network
+            agent.adopt_initial(self._initial)
         self.book.open_recorder()
         return agent
 
@@ -457,7 +426,7 @@ class Learner:
         for k in ("env_steps", "episodes", "blocked_s", "paused_s", "model_updates", "env_steps_per_s"):
             if k in stats:
                 actor[k] = _number(stats, k)
-        actor["epsilon"] = _number(meta, "epsilon")
+        actor["explore"] = _number(meta, "explore")
         return n
 
     def _first_batch(self, sender: str, n: int) -> None:
