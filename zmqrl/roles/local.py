@@ -175,6 +175,7 @@ def _supervise(cfg: Config, roles: list[Role], summary_path: Path, stop: StopFla
                 log.error("local: the learner exited with code %s; last lines of %s:\n%s", code,
                           learner.log_path, learner.tail())
             break
+        dead = [r for r in dead if r.proc.returncode != 0]  # type: ignore[union-attr]  # 0: the learner said done
         if dead:
             for r in dead:
                 log.error("local: %s exited with code %s; last lines of %s:\n%s", r.name,
