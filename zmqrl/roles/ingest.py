@@ -142,9 +142,12 @@ class ReplayWriter:
         for group in _groups(batches):
             if len(group) > 1:
                 arrays = {k: np.concatenate([m.arrays[k] for m in group]) for k in group[0].arrays}
+                counted = getattr(self.replay, "priorities_rejected", None)
                 if self._add(arrays, None):
                     added += group
                     continue
+                if counted is not None:  # the batches are tried again one by one: count them once
+                    self.replay.priorities_rejected = counted
             added += [m for m in group if self._add(m.arrays, m.sender)]
         return added
 
