@@ -23,11 +23,10 @@ import numpy as np
 import pytest
 import zmq
 
+from zmqrl.acting import make_task
 from zmqrl.config import Config
-from zmqrl.envs import spaces
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import free_port, read_json
-from zmqrl.acting import make_task
 from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner
 from zmqrl.wire import BATCH, MODEL, Limits, decode, encode
 
