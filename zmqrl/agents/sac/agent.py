@@ -130,7 +130,9 @@ class SACAgent(SACPolicy):
     def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
         """One step of the critics, the actor and alpha; returns metrics and priorities.
 
-        Priorities are |TD error| averaged over the critics. The batch reaches the device
+        ``critic_loss`` is the sum over critics of each one's (importance-weighted) mean loss;
+        ``alpha`` is the coefficient this step used, ``entropy`` the mean of -log pi over the
+        batch. Priorities are |TD error| averaged over the critics. The batch reaches the device
         through :class:`BatchStager`, and metrics and priorities come back in one
         device-to-host copy.
         """
