@@ -11,7 +11,7 @@ from zmqrl import config as config_mod
 from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config, ConfigError
 from zmqrl.record import setup_logging
-from zmqrl.roles.common import EXIT_ADDRESS_IN_USE
+from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, endpoint
 from zmqrl.wire import SocketSetupError
 
 log = logging.getLogger("zmqrl")
@@ -39,54 +39,61 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
-    from zmqrl.roles.common import endpoint
-    from zmqrl.roles.learner import run_learner
-
     cfg = _load(args)
     net = cfg.net
-    return run_learner(cfg, args.run_dir,
-                       endpoint(args.bind_data, net.bind_host, net.data_port, "--bind-data"),
-                       endpoint(args.bind_model, net.bind_host, net.model_port, "--bind-model"),
-                       endpoint(args.bind_eval, net.bind_host, net.eval_port, "--bind-eval"),
-                       resume=args.resume)
+    data = endpoint(args.bind_data, net.bind_host, net.data_port, "--bind-data", bind=True,
+                    host_key="net.bind_host", port_key="net.data_port")
+    model = endpoint(args.bind_model, net.bind_host, net.model_port, "--bind-model", bind=True,
+                     host_key="net.bind_host", port_key="net.model_port")
+    evals = endpoint(args.bind_eval, net.bind_host, net.eval_port, "--bind-eval", bind=True,
+                     host_key="net.bind_host", port_key="net.eval_port")
+    from zmqrl.roles.learner import run_learner
+
+    return run_learner(cfg, args.run_dir, data, model, evals, resume=args.resume)
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    from zmqrl.roles.common import endpoint
-    from zmqrl.roles.proxy import run_proxy
-
     cfg = _load(args)
     net = cfg.net
-    learner = endpoint(args.learner, net.learner_host, net.data_port, "--learner")
+    bind = endpoint(args.bind, net.bind_host, net.proxy_port, "--bind", bind=True,
+                    host_key="net.bind_host", port_key="net.proxy_port")
+    learner = endpoint(args.learner, net.learner_host, net.data_port, "--learner",
+                       host_key="net.learner_host", port_key="net.data_port")
     host = learner.split("://", 1)[-1].rsplit(":", 1)[0]
-    return run_proxy(cfg, endpoint(args.bind, net.bind_host, net.proxy_port, "--bind"), learner,
-                     name=args.name, run_dir=args.run_dir,
-                     model_addr=endpoint(args.models, host, net.model_port, "--models"))
+    models = endpoint(args.models, host, net.model_port, "--models", host_key="the --learner host",
+                      port_key="net.model_port")
+    from zmqrl.roles.proxy import run_proxy
+
+    return run_proxy(cfg, bind, learner, name=args.name, run_dir=args.run_dir, model_addr=models)
 
 
 def cmd_actor(args: argparse.Namespace) -> int:
-    from zmqrl.roles.actor import run_actor
-    from zmqrl.roles.common import endpoint
-
     cfg = _load(args)
     net = cfg.net
     if not 0 <= args.id < cfg.actor.num_actors:
         raise ConfigError(f"--id {args.id} is outside 0..{cfg.actor.num_actors - 1}: ids run from 0 to "
                           f"actor.num_actors - 1 (actor.num_actors={cfg.actor.num_actors}, the total over every "
                           "host; set it with --set actor.num_actors=N)")
-    return run_actor(cfg, args.id, endpoint(args.proxy, net.proxy_host, net.proxy_port, "--proxy"),
-                     endpoint(args.learner, net.learner_host, net.model_port, "--learner"), run_dir=args.run_dir)
+    proxy = endpoint(args.proxy, net.proxy_host, net.proxy_port, "--proxy",
+                     host_key="net.proxy_host", port_key="net.proxy_port")
+    model = endpoint(args.learner, net.learner_host, net.model_port, "--learner",
+                     host_key="net.learner_host", port_key="net.model_port")
+    from zmqrl.roles.actor import run_actor
+
+    return run_actor(cfg, args.id, proxy, model, run_dir=args.run_dir)
 
 
 def cmd_evaluator(args: argparse.Namespace) -> int:
-    from zmqrl.roles.common import endpoint
-    from zmqrl.roles.evaluator import run_evaluator
-
     cfg = _load(args)
     net = cfg.net
-    model = endpoint(args.learner, net.learner_host, net.model_port, "--learner")
+    model = endpoint(args.learner, net.learner_host, net.model_port, "--learner",
+                     host_key="net.learner_host", port_key="net.model_port")
     host = model.split("://", 1)[-1].rsplit(":", 1)[0]
-    return run_evaluator(cfg, model, endpoint(args.report, host, net.eval_port, "--report"), run_dir=args.run_dir)
+    report = endpoint(args.report, host, net.eval_port, "--report", host_key="the --learner host",
+                      port_key="net.eval_port")
+    from zmqrl.roles.evaluator import run_evaluator
+
+    return run_evaluator(cfg, model, report, run_dir=args.run_dir)
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -108,19 +115,21 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     p.add_argument("--strict-exit", action="store_true", help="exit 130 when interrupted")
     handlers["train"] = cmd_train
 
-    addr_help = "tcp://HOST:PORT, HOST:PORT or HOST (the port then comes from the config's net section)"
+    addr_help = ("tcp://HOST:PORT, HOST:PORT or HOST (the port then comes from the config's net section); HOST "
+                 "a host name, an IPv4 address or a bracketed IPv6 one, PORT 1..65535")
+    bind_help = f"{addr_help}; binding, HOST may also be * or 0.0.0.0 (every interface) and PORT 0 (a free one)"
     p = sub.add_parser("learner", help="the learner: replay, optimisation, model publication")
     _add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
-    p.add_argument("--bind-data", metavar="ADDR", help=f"PULL for batches from proxies; {addr_help}")
-    p.add_argument("--bind-model", metavar="ADDR", help=f"PUB for model versions; {addr_help}")
-    p.add_argument("--bind-eval", metavar="ADDR", help=f"PULL for evaluator reports; {addr_help}")
+    p.add_argument("--bind-data", metavar="ADDR", help=f"PULL for batches from proxies; {bind_help}")
+    p.add_argument("--bind-model", metavar="ADDR", help=f"PUB for model versions; {bind_help}")
+    p.add_argument("--bind-eval", metavar="ADDR", help=f"PULL for evaluator reports; {bind_help}")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest")
     handlers["learner"] = cmd_learner
 
     p = sub.add_parser("proxy", help="forward batches from a host's actors to the learner")
     _add_config_args(p)
-    p.add_argument("--bind", metavar="ADDR", help=f"PULL that actors connect to; {addr_help}")
+    p.add_argument("--bind", metavar="ADDR", help=f"PULL that actors connect to; {bind_help}")
     p.add_argument("--learner", metavar="ADDR", help=f"the learner's data address; {addr_help}")
     p.add_argument("--models", metavar="ADDR", help="the learner's model address, to hear when the run is "
                                                     "over (default: the learner's host and net.model_port)")

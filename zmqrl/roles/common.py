@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -18,24 +20,123 @@ import zmq
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import ConfigError, NetConfig
 from zmqrl.wire import Limits, SecureContext, Security, SecurityError, SocketOptions, send_frames
+from zmqrl.wire.monitor import note_origin
 
 log = logging.getLogger("zmqrl")
 
 EXIT_ADDRESS_IN_USE = 98  # a role's bind found its address taken (EADDRINUSE); `zmqrl local` retries
 
 
-def endpoint(addr: str | None, default_host: str, default_port: int, what: str) -> str:
-    """A ZeroMQ endpoint from ``tcp://host:port``, ``host:port``, ``host`` or nothing (config defaults)."""
+SCHEMES = ("tcp",)  # transports an address may name: roles talk across hosts, so TCP only
+ANY_HOSTS = ("*", "0.0.0.0", "[::]")  # "every interface": only a bind can use these
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # RFC 1123, plus '_' as DNS allows
+_IPV4_LIKE = re.compile(r"[0-9.]+")
+
+
+def endpoint(addr: str | None, default_host: str, default_port: int, what: str, *, bind: bool = False,
+             host_key: str = "the default host", port_key: str = "the default port") -> str:
+    """A checked ZeroMQ endpoint ``tcp://HOST:PORT`` from ``tcp://HOST:PORT``, ``HOST:PORT``, ``HOST`` or
+    nothing (``default_host`` and ``default_port``, the config's ``host_key`` and ``port_key``).
+
+    ``what`` is the flag the address came from. Accepted: scheme tcp; HOST a host name (RFC 1123
+    labels, '_' allowed), a dotted-quad IPv4 address or a bracketed IPv6 one (``[::1]``); PORT
+    1..65535. A ``bind`` also takes ``*``, ``0.0.0.0`` or ``[::]`` (every interface) and port 0 or
+    ``*`` (a free port). Anything else raises :class:`ConfigError` naming the flag (or config key)
+    and the value. The origin is noted for :class:`~zmqrl.wire.monitor.LinkMonitor`'s lines.
+    """
+    default_port_where = f"{port_key}={default_port}"
     if not addr:
-        return f"tcp://{default_host}:{default_port}"
-    if "://" in addr:
-        return addr
-    host, sep, port = addr.rpartition(":")
-    if sep and port.isdigit() and host and not host.endswith(":"):
-        return f"tcp://{host}:{port}"
-    if sep and not port.isdigit() and "[" not in addr:
-        raise ConfigError(f"{what}: cannot read address {addr!r}; use tcp://HOST:PORT, HOST:PORT or HOST")
-    return f"tcp://{addr}:{default_port}"
+        host = _check_host(default_host, f"{host_key}={default_host!r}", bind)
+        port = _check_port(str(default_port), default_port_where, bind)
+        origin = f"{host_key} and {port_key}"
+    else:
+        text = addr.strip()
+        where = f"{what} {text!r}"
+        host_text, port_text = _split(text, where)
+        host = _check_host(host_text, where, bind)
+        if port_text is None:
+            port = _check_port(str(default_port), default_port_where, bind,
+                               f" ({where} names no port, so it comes from {port_key})")
+            origin = f"{what}, port from {port_key}"
+        else:
+            port = _check_port(port_text, where, bind)
+            origin = what
+    address = f"tcp://{host}:{port}"
+    if not bind:
+        note_origin(address, origin)
+    return address
+
+
+def _split(text: str, where: str) -> tuple[str, str | None]:
+    """(host, port or None) of ``[tcp://]HOST[:PORT]``; the scheme and the brackets are checked here."""
+    rest = text
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        if scheme.lower() not in SCHEMES:
+            raise ConfigError(f"{where}: unsupported scheme {scheme!r}; zmqrl speaks {', '.join(SCHEMES)} only "
+                              "(tcp://HOST:PORT, HOST:PORT or HOST)")
+    elif "/" in text:
+        raise ConfigError(f"{where}: expected tcp://HOST:PORT, HOST:PORT or HOST")
+    if rest.startswith("["):
+        close = rest.find("]")
+        if close < 0:
+            raise ConfigError(f"{where}: an IPv6 address needs its closing ']', e.g. tcp://[::1]:5557")
+        host, after = rest[:close + 1], rest[close + 1:]
+        if after and not after.startswith(":"):
+            raise ConfigError(f"{where}: unexpected {after!r} after the IPv6 address; expected :PORT")
+        return host, after[1:] if after else None
+    if rest.count(":") > 1:
+        raise ConfigError(f"{where}: an IPv6 address goes in brackets, e.g. tcp://[::1]:5557")
+    host, sep, port = rest.partition(":")
+    return host, port if sep else None
+
+
+def _check_host(host: str, where: str, bind: bool) -> str:
+    """``host`` if it is valid for a bind (``bind``) or a connect; a ConfigError starting with ``where`` if not."""
+    if not host:
+        raise ConfigError(f"{where}: no host; expected tcp://HOST:PORT, e.g. tcp://127.0.0.1:5557")
+    if host in ANY_HOSTS:
+        if bind:
+            return host
+        raise ConfigError(f"{where}: {host!r} means every interface and only works for a bind; "
+                              "give the peer's host name or address")
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ConfigError(f"{where}: {host} is not an IPv6 address") from None
+        return host
+    if _IPV4_LIKE.fullmatch(host):
+        if host.isdigit():
+            raise ConfigError(f"{where}: {host!r} is not a host (a port alone?); expected HOST:PORT, "
+                              f"e.g. 127.0.0.1:{host}")
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ConfigError(f"{where}: {host!r} is not an IPv4 address (four numbers 0..255)") from None
+        return host
+    name = host[:-1] if host.endswith(".") else host  # a fully qualified name may end in a dot
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        raise ConfigError(f"{where}: {host!r} is not a valid host name (letters, digits, '-' and '_' in "
+                          "dot-separated labels of 1..63), IPv4 address or bracketed IPv6 address")
+    return host
+
+
+def _check_port(port: str, where: str, bind: bool, note: str = "") -> str:
+    """``port`` if it is valid for a bind (0 or * pick a free one) or a connect (1..65535); ``note`` ends the error."""
+    if bind and port == "*":
+        return port
+    if not port.isdigit() or not port.isascii():
+        problem = f"port {port!r} is not a port number (1..65535)" if port else "no port after ':'"
+        raise ConfigError(f"{where}: {problem}{note}")
+    number = int(port)
+    if number > 65535:
+        raise ConfigError(f"{where}: port {number} is out of range; ports are 1..65535"
+                          + (" (0 or * picks a free one)" if bind else "") + note)
+    if number == 0 and not bind:
+        raise ConfigError(f"{where}: port 0 only means 'pick a free port' where a role binds; "
+                          "a connect needs the peer's port, 1..65535" + note)
+    return str(number)
 
 
 _HANDED_OUT: set[tuple[str, int]] = set()

@@ -181,6 +181,8 @@ def make_socket(
             sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, opts.tcp_keepalive_s // 2))
             sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, opts.tcp_keepalive_s // 10))
             sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 5)
+        if any(addr is not None and "://[" in addr for addr in (bind, connect)):
+            sock.setsockopt(zmq.IPV6, 1)  # a bracketed IPv6 host: libzmq speaks IPv4 only without it
         if kind == zmq.SUB:
             for topic in opts.subscribe:
                 sock.setsockopt(zmq.SUBSCRIBE, topic)
