@@ -58,7 +58,8 @@ class Evaluator:
                                connect=model_addr)
         self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push()), connect=report_addr)
         self.versions = VersionTracker()
-        self.link = LinkMonitor(self.sub, "evaluator", f"to learner models {model_addr}")
+        self.links = [LinkMonitor(self.sub, "evaluator", f"to learner models {model_addr}"),
+                      LinkMonitor(self.push, "evaluator", f"to learner reports {report_addr}")]
         self.seq = 0
         self.best = -math.inf
         self.last_opt_steps: int | None = None
@@ -136,7 +137,8 @@ class Evaluator:
         log.info("evaluator: waiting for models from %s; reporting to %s", self.model_addr, self.report_addr)
         remind = Every(30.0)
         while not stop.set and not self.finished and not self.refused:
-            self.link.poll()
+            for link in self.links:
+                link.poll()
             if not self.step():
                 self.sub.poll(100, zmq.POLLIN)
                 if self.versions.version < 0 and remind():
@@ -145,7 +147,8 @@ class Evaluator:
     def close(self) -> None:
         write_role_stats(self.run_dir, "evaluator", {"evaluated": self.evaluated, "best": self.best,
                                                      "reports_unsent": self.unsent})
-        self.link.close()
+        for link in self.links:
+            link.close()
         self.sub.close(linger=0)
         self.push.close(linger=500)
         self.ctx.term()
