@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 import os
 from pathlib import Path
 
@@ -184,3 +186,65 @@ def test_write_json_atomic_failure_keeps_old_file_and_leaves_no_temp(tmp_path: P
         checkpoint.write_json_atomic(path, {"bad": object()})
     assert json.loads(path.read_text()) == {"ok": 1}
     assert listing(tmp_path) == ["summary.json"]  # the half-written temporary file is cleaned up
+
+
+# ---------------------------------------------------------------- plain-data files
+
+
+def test_tree_round_trip_keeps_types(tmp_path: Path) -> None:
+    tree = {
+        "none": None, "flag": True, "int": 7, "big": 2**100 + 1, "float": 0.1, "nan": float("nan"), "inf": -math.inf,
+        "text": "é", "list": [1, [2.5, "x"]], "tuple": (1, (2, None)), "deque": collections.deque([1, 2], maxlen=3),
+        "f32": np.float32(1.5), "i64": np.int64(-3), "array": np.arange(6, dtype=np.uint8).reshape(2, 3),
+        "scalar_array": np.array(4.0), "empty": np.zeros((0, 2), dtype=np.float32),
+        "rng": np.random.default_rng(5).bit_generator.state, "nested": {"a": {"b": [np.ones(2)]}},
+    }
+    checkpoint.write_tree(tmp_path / "t.npz", tree)
+    back = checkpoint.read_tree(tmp_path / "t.npz")
+    assert set(back) == set(tree)
+    for key in ("none", "flag", "int", "big", "float", "text", "list", "tuple", "rng"):
+        assert back[key] == tree[key] and type(back[key]) is type(tree[key]), key
+    assert math.isnan(back["nan"]) and back["inf"] == -math.inf
+    assert back["deque"] == tree["deque"] and back["deque"].maxlen == 3
+    for key in ("f32", "i64"):
+        assert back[key] == tree[key] and back[key].dtype == tree[key].dtype, key
+    for key in ("array", "scalar_array", "empty"):
+        np.testing.assert_array_equal(back[key], tree[key])
+        assert back[key].dtype == tree[key].dtype and back[key].shape == tree[key].shape, key
+    np.testing.assert_array_equal(back["nested"]["a"]["b"][0], np.ones(2))
+
+
+def test_plain_copy_copies_arrays_and_refuses_objects() -> None:
+    array = np.zeros(3)
+    copied = checkpoint.plain_copy({"a": [array]})
+    array[0] = 1.0
+    assert copied["a"][0][0] == 0.0
+    for bad in (object(), {"a": [np.array([object()])]}, {1: 2}, b"bytes"):
+        assert not checkpoint.is_plain(bad)
+        with pytest.raises(TypeError, match="not plain data"):
+            checkpoint.plain_copy(bad)
+
+
+def test_write_tree_names_what_is_not_plain(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"tree\.env\[1\]: object is not plain data"):
+        checkpoint.write_tree(tmp_path / "t.npz", {"env": [1, object()]})
+
+
+def test_read_tree_of_a_damaged_file_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.npz"
+    checkpoint.write_tree(path, {"a": np.arange(1000.0), "b": [1, 2]})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"{path}: unreadable"):
+        checkpoint.read_tree(path)
+    np.savez(path, other=np.zeros(2))  # an .npz, but not one of write_tree
+    with pytest.raises(CheckpointError, match=f"{path}: unreadable: missing"):
+        checkpoint.read_tree(path)
+
+
+def test_read_tree_never_unpickles(tmp_path: Path) -> None:
+    path = tmp_path / "t.npz"
+    outline = np.frombuffer(json.dumps({"__array__": "a0"}).encode(), dtype=np.uint8)
+    np.savez(path, allow_pickle=True, a0=np.array([Path("/")], dtype=object), **{checkpoint.TREE_KEY: outline})
+    with pytest.raises(CheckpointError, match=f"{path}: unreadable"):
+        checkpoint.read_tree(path)

@@ -7,15 +7,25 @@ named parameters an actor acts with, whichever algorithm wrote it) and ``state.j
 renames: the old copy moves to ``NAME.old`` first and is deleted only after the new one is in
 place; :func:`load` falls back to ``NAME.old`` if a crash happened in between. A crash can
 therefore never leave a torn checkpoint.
+
+Other files of a checkpoint that hold nested plain data (numbers, strings, numpy arrays, lists,
+tuples, dicts), such as the state of the envs, go through :func:`write_tree` and
+:func:`read_tree`: an ``.npz`` of the arrays and a JSON outline, read back without pickles.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
+import zipfile
+import zlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     import torch
@@ -23,6 +33,9 @@ if TYPE_CHECKING:
 AGENT_FILE = "agent.pt"
 STATE_FILE = "state.json"
 POLICY_KEY = "policy"  # in agent.pt of every checkpoint: the policy parameters actors act with
+TREE_KEY = "__tree__"  # in a file written by write_tree: the JSON outline, as uint8 bytes
+# What reading a damaged file can raise; readers turn each into one CheckpointError naming the file.
+FILE_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, zipfile.BadZipFile, zlib.error)
 
 
 class CheckpointError(RuntimeError):
@@ -56,7 +69,7 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
 
 
 def save(directory: str | Path, agent_state: dict[str, Any], state: dict[str, Any],
-         extra_files: dict[str, Any] | None = None) -> Path:
+         extra_files: Mapping[str, Callable[[Path], Any]] | None = None) -> Path:
     """Write a checkpoint to ``directory`` atomically; ``extra_files`` maps names to callables(path)."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -137,6 +150,112 @@ def load(directory: str | Path, map_location: str | torch.device = "cpu") -> tup
     if not isinstance(agent_state, dict):
         raise CheckpointError(f"{agent_path}: expected a dict of agent state")
     return agent_state, state
+
+
+def is_plain(value: Any) -> bool:
+    """Whether ``value`` is plain data :func:`write_tree` can store: None, bools, numbers, strings,
+    numpy arrays and scalars (no object dtype), and lists, tuples, deques and str-keyed dicts of those."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (np.ndarray, np.generic)):
+        return not value.dtype.hasobject
+    if isinstance(value, (list, tuple, collections.deque)):
+        return all(is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_plain(v) for k, v in value.items())
+    return False
+
+
+def plain_copy(value: Any) -> Any:
+    """A deep copy of plain data (arrays copied too); TypeError for anything else."""
+    if not is_plain(value):
+        raise TypeError(f"{type(value).__name__} is not plain data")
+    return _copy_plain(value)
+
+
+def _copy_plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, list):
+        return [_copy_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy_plain(v) for v in value)
+    if isinstance(value, collections.deque):
+        return collections.deque((_copy_plain(v) for v in value), maxlen=value.maxlen)
+    if isinstance(value, dict):
+        return {k: _copy_plain(v) for k, v in value.items()}
+    return value  # immutable: None, bool, int, float, str, numpy scalar
+
+
+def _encode(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
+    """JSON for ``value``; arrays go to ``arrays`` and are referenced by name."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (np.ndarray, np.generic)) and not value.dtype.hasobject:
+        name = f"a{len(arrays)}"
+        arrays[name] = np.asarray(value)
+        return {"__array__" if isinstance(value, np.ndarray) else "__scalar__": name}
+    if isinstance(value, list):
+        return [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, collections.deque):
+        return {"__deque__": [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)],
+                "maxlen": value.maxlen}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"__dict__": {k: _encode(v, arrays, f"{where}.{k}") for k, v in value.items()}}
+    raise TypeError(f"{where}: {type(value).__name__} is not plain data")
+
+
+def _decode(node: Any, arrays: dict[str, np.ndarray]) -> Any:
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if isinstance(node, list):
+        return [_decode(v, arrays) for v in node]
+    if not isinstance(node, dict) or len(node) not in (1, 2):
+        raise ValueError(f"unexpected node in the outline: {str(node)[:80]}")
+    if "__array__" in node:
+        return arrays[node["__array__"]]
+    if "__scalar__" in node:
+        scalar = arrays[node["__scalar__"]]
+        if scalar.ndim != 0:
+            raise ValueError(f"scalar {node['__scalar__']!r} has shape {scalar.shape}")
+        return scalar[()]
+    if "__tuple__" in node:
+        return tuple(_decode(v, arrays) for v in node["__tuple__"])
+    if "__deque__" in node:
+        return collections.deque((_decode(v, arrays) for v in node["__deque__"]), maxlen=node.get("maxlen"))
+    if "__dict__" in node and isinstance(node["__dict__"], dict):
+        return {k: _decode(v, arrays) for k, v in node["__dict__"].items()}
+    raise ValueError(f"unexpected node in the outline: {str(node)[:80]}")
+
+
+def write_tree(path: str | Path, tree: Any) -> None:
+    """Write nested plain data (see :func:`is_plain`) to an ``.npz`` at ``path``: each array as
+    an array, the rest as a JSON outline. Types survive the round trip (int, float, tuple, numpy
+    scalar dtypes, NaN). TypeError names the first part that is not plain data."""
+    arrays: dict[str, np.ndarray] = {}
+    outline = json.dumps(_encode(tree, arrays, "tree")).encode("utf-8")
+    arrays[TREE_KEY] = np.frombuffer(outline, dtype=np.uint8)
+    with open(path, "wb") as fh:
+        np.savez(fh, allow_pickle=False, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_tree(path: str | Path) -> Any:
+    """Read a file written by :func:`write_tree` (no pickles); any problem is a
+    :class:`CheckpointError` naming the file."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        outline = arrays.pop(TREE_KEY)
+        if outline.dtype != np.uint8 or outline.ndim != 1:
+            raise ValueError(f"{TREE_KEY!r}: expected 1-D uint8 JSON bytes, got {outline.dtype} {outline.shape}")
+        return _decode(json.loads(outline.tobytes().decode("utf-8")), arrays)
+    except FILE_ERRORS as exc:
+        detail = f"missing {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise CheckpointError(f"{path}: unreadable: {detail}") from None
 
 
 def policy_tensors(params: dict[str, Any]) -> dict[str, Any]:
