@@ -1,13 +1,21 @@
-"""Tests for the env factory, the vector stepper (episode boundaries) and the greedy evaluator."""
+"""Tests for the env factory, the vector stepper (episode boundaries), the greedy evaluator and
+the env state saved for exact resumes."""
 
 from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from zmqrl import checkpoint
 from zmqrl.config import ConfigError, EnvConfig
-from zmqrl.envs import GreedyEvaluator, VectorStepper, make_env, make_vector_env, spaces
+from zmqrl.envs import GreedyEvaluator, VectorStepper, capture_object, make_env, make_vector_env, spaces
 
 
 def angle_policy(obs: np.ndarray) -> np.ndarray:
@@ -215,3 +223,83 @@ def test_greedy_evaluator_respects_time_limit() -> None:
     returns, lengths = evaluator.run(lambda obs: (obs[:, 2] + obs[:, 3] > 0).astype(np.int64))
     assert lengths == [8, 8] and returns == [8.0, 8.0]
     evaluator.close()
+
+
+# ---------------------------------------------------------------- env state (exact resumes)
+
+MUJOCO = pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="mujoco is not installed")
+
+
+def run_steps(stepper: VectorStepper, actions: list[np.ndarray]) -> list[tuple[Any, ...]]:
+    out = []
+    for action in actions:
+        step = stepper.step(action)
+        out.append((step.obs, step.reward, step.next_obs, step.terminated, step.truncated, step.episode_returns,
+                    step.episode_lengths))
+    return out
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", pytest.param("HalfCheetah-v5", marks=MUJOCO),
+                                    pytest.param("Ant-v5", marks=MUJOCO)])
+def test_vector_state_round_trip_continues_exactly(env_id: str, tmp_path: Path) -> None:
+    """A fresh vector given a saved state (through a file) steps exactly like the original,
+    across episode ends and time limits, and its RNGs continue the same streams."""
+    cfg, num_envs = EnvConfig(id=env_id, max_episode_steps=25), 2
+    original = VectorStepper(make_vector_env(cfg, num_envs, 3), 3)
+    space = original.vec.action_space
+    space.seed(0)
+    actions = [np.asarray(space.sample()) for _ in range(100)]
+    run_steps(original, actions[:37])
+    state, missed = original.state()
+    assert missed == []
+    checkpoint.write_tree(tmp_path / "env.npz", state)
+    restored = VectorStepper(make_vector_env(cfg, num_envs, 99), 99)  # other seeds: all must come from the file
+    assert not np.array_equal(restored.obs, original.obs)
+    restored.plan_load(checkpoint.read_tree(tmp_path / "env.npz"))()
+    np.testing.assert_array_equal(restored.obs, original.obs)
+    expected, got = run_steps(original, actions[37:]), run_steps(restored, actions[37:])
+    assert sum(len(e[5]) for e in expected) >= 2  # episodes ended after the restore
+    for a, b in zip(expected, got, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+    # resets without a seed draw from each env's own RNG
+    np.testing.assert_array_equal(original.vec.reset()[0], restored.vec.reset()[0])
+    original.close()
+    restored.close()
+
+
+def test_restore_refuses_another_env_and_changes_nothing() -> None:
+    saved, _ = VectorStepper(make_vector_env(EnvConfig(id="CartPole-v1"), 2, 0), 0).state()
+    other_chain = VectorStepper(make_vector_env(EnvConfig(id="CartPole-v1", wrappers=["float32_obs"]), 2, 5), 5)
+    before = other_chain.obs.copy()
+    with pytest.raises(ValueError, match=r"sub-env 0: saved wrapper chain .*'DtypeObservation'"):
+        other_chain.plan_load(saved)
+    np.testing.assert_array_equal(other_chain.obs, before)
+    with pytest.raises(ValueError, match="2 sub-envs saved, this vector has 3"):
+        VectorStepper(make_vector_env(EnvConfig(id="CartPole-v1"), 3, 0), 0).plan_load(saved)
+    with pytest.raises(ValueError, match=r"this env has .*'AcrobotEnv'"):
+        VectorStepper(make_vector_env(EnvConfig(id="Acrobot-v1"), 2, 0), 0).plan_load(saved)
+    del saved["vector"]["envs"][1][-1]["attrs"]["state"]  # as from another version of the env
+    with pytest.raises(ValueError, match=r"sub-env 1 CartPoleEnv: .* \['state'\] of this env were not saved"):
+        VectorStepper(make_vector_env(EnvConfig(id="CartPole-v1"), 2, 0), 0).plan_load(saved)
+
+
+class OpaqueState(gym.Wrapper):
+    """A wrapper keeping state in an object that is not plain data."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.lock = threading.Lock()
+        self.count = 0
+        self.history = [np.zeros(2)]
+
+
+def test_capture_names_what_it_cannot_save() -> None:
+    vec = SyncVectorEnv([lambda: OpaqueState(make_env(EnvConfig()))], autoreset_mode=AutoresetMode.SAME_STEP)
+    stepper = VectorStepper(vec, 0)
+    _, missed = stepper.state()
+    assert missed == ["OpaqueState.lock (lock)"]
+    attrs, _ = capture_object(vec.envs[0])
+    assert set(attrs) >= {"count", "history"}  # plain data beside it is captured
+    assert "lock" not in attrs
+    stepper.close()
