@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import collections
 import copy
+import inspect
+import json
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +35,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("zmqrl")
 
 STACKING_WRAPPERS = ("atari", "frame_stack")  # wrappers that stack env.frame_stack frames on axis 0
+REPLAY_FILE = "replay.npz"  # in checkpoints/latest with trainer.checkpoint_replay: the replay contents
+FileWriters = Mapping[str, Callable[[Path], None]]  # extra files of a checkpoint: name -> writer(path)
+
+
+def _device_of(agent: Any) -> torch.device:
+    import torch
+
+    return getattr(agent, "device", torch.device("cpu"))
 
 
 def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None) -> Any:
@@ -56,13 +67,99 @@ def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:
     checkpoint.resolve(Path(run_dir) / "checkpoints" / "latest")
 
 
+@dataclass
+class ResumePoint:
+    """A checkpoint read and checked before anything in the run directory is written."""
+
+    directory: Path  # the checkpoint directory read: checkpoints/latest, or latest.old after an interrupted swap
+    state: dict[str, Any]  # its state.json
+    torch_rng: Any  # torch's global RNG state, or None
+    notes: list[str] = field(default_factory=list)  # why continuing from it is not exact (empty when it is)
+
+
+def read_resume_point(cfg: Config, run_dir: str | Path, agent: Agent, replay: Any = None) -> ResumePoint:
+    """Load ``RUN_DIR/checkpoints/latest`` into ``agent`` (and ``replay``, when given), checking
+    that each part fits this config; writes nothing. Any problem is a CheckpointError naming the file."""
+    directory = checkpoint.resolve(Path(run_dir) / "checkpoints" / "latest")
+    agent_state, state = checkpoint.load(directory, map_location=_device_of(agent))
+    torch_rng = agent_state.pop("torch_rng", None)
+    agent_state.pop(checkpoint.POLICY_KEY, None)
+    try:
+        agent.load_state_dict(agent_state)
+    except (KeyError, RuntimeError, ValueError, TypeError) as exc:
+        raise checkpoint.CheckpointError(f"{directory / checkpoint.AGENT_FILE}: does not fit this config's agent: "
+                                         f"{one_line(exc)}") from None
+    point = ResumePoint(directory, state, torch_rng)
+    if replay is not None:
+        point.notes += load_replay(cfg, replay, directory, state)
+    return point
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line (torch's span several), cut to ``limit`` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _stamp(replay_state: Mapping[str, Any]) -> dict[str, Any]:
+    """What identifies a replay snapshot: its counters, sampling RNG and schedules (JSON values)."""
+    keys = ("ptr", "size", "added", "rng", "sample_calls", "max_priority")
+    return json.loads(json.dumps({k: replay_state[k] for k in keys if k in replay_state}))
+
+
+def load_replay(cfg: Config, replay: Any, directory: Path, state: dict[str, Any]) -> list[str]:
+    """Restore the replay of the checkpoint in ``directory`` (with ``state``, its state.json);
+    returns why this is not exact (empty when it is).
+
+    With ``trainer.checkpoint_replay`` the contents come from the checkpoint's ``replay.npz``
+    (or, from runs of earlier versions, ``checkpoints/replay.npz``), which must be the snapshot
+    taken with this checkpoint: its counters and sampling RNG must equal those in state.json.
+    Otherwise the replay starts empty, keeping the sampling RNG, beta schedule and max priority.
+    """
+    saved = state.get("replay")
+    if cfg.trainer.checkpoint_replay:
+        for path in (directory / REPLAY_FILE, directory.parent / REPLAY_FILE):
+            if path.is_file():
+                _load_replay_file(replay, path, directory, state)
+                return []
+    if isinstance(saved, dict):
+        try:
+            replay.load_state_dict({**saved, "ptr": 0, "size": 0})
+        except (KeyError, ValueError, TypeError) as exc:
+            raise checkpoint.CheckpointError(f"{directory / checkpoint.STATE_FILE}: the replay state does not fit "
+                                             f"this config's replay: {one_line(exc)}") from None
+    why = "trainer.checkpoint_replay is off" if not cfg.trainer.checkpoint_replay else \
+        f"the checkpoint holds no {REPLAY_FILE}"
+    return [f"replay contents are not saved ({why}): the replay starts empty and warms up again"]
+
+
+def _load_replay_file(replay: Any, path: Path, directory: Path, state: dict[str, Any]) -> None:
+    try:
+        stamp = replay.load(str(path))
+    except (*checkpoint.FILE_ERRORS, AttributeError, RuntimeError, MemoryError) as exc:
+        text = one_line(exc)
+        detail = text if text.startswith(str(path)) else f"{path}: {type(exc).__name__}: {text}"
+        raise checkpoint.CheckpointError(f"unreadable replay snapshot: {detail}") from None
+    expected, saved = directory / checkpoint.STATE_FILE, state.get("replay")
+    if not isinstance(saved, dict):
+        raise checkpoint.CheckpointError(f"{path}: cannot be checked against {expected}, which has no replay state")
+    got, want = _stamp(replay.state_dict()), _stamp(saved)
+    stamped = stamp.get("opt_steps") if isinstance(stamp, dict) else None
+    if got != want or (stamped is not None and stamped != state.get("opt_steps")):
+        raise checkpoint.CheckpointError(
+            f"{path}: is not the replay snapshot of {directory} (it holds {got.get('size')} transitions of "
+            f"{got.get('added')} added, {expected} expects {want.get('size')} of {want.get('added')}); "
+            f"remove it to resume with an empty replay")
+    log.info("restored %d transitions from %s", len(replay), path)
+
+
 def restore_replay(book: Bookkeeper, replay: Any, state: dict[str, Any]) -> None:
-    """On resume: the saved replay contents when there are any (``trainer.checkpoint_replay``),
-    else an empty buffer that keeps the sampling RNG, beta schedule and max priority."""
-    if book.replay_ckpt is not None and book.replay_ckpt.restore():
-        return
-    if "replay" in state:
-        replay.load_state_dict({**state["replay"], "ptr": 0, "size": 0})
+    """On resume, after :meth:`Bookkeeper.restore`: the saved replay contents when there are any
+    (``trainer.checkpoint_replay``), else an empty buffer that keeps the sampling RNG, beta
+    schedule and max priority."""
+    directory = book.restored_from or checkpoint.resolve(book.ckpt_dir / "latest")
+    for note in load_replay(book.cfg, replay, directory, state):
+        log.info("resume: %s", note)
 
 
 def prepare_run_dir(cfg: Config, run_dir: str | Path | None) -> Path:
@@ -92,49 +189,38 @@ class Rate:
 
 
 class ReplayCheckpointer:
-    """Saves replay contents next to ``checkpoints/latest`` without holding up training.
+    """Puts the replay contents into ``checkpoints/latest`` as :data:`REPLAY_FILE`.
 
-    The buffer is copied in memory (a memcpy) on the training thread, then written by a
-    background thread through a temporary file and a rename. One write at a time: a save
-    requested while the previous one is still running is skipped.
+    :meth:`snapshot` copies the buffer in memory (a memcpy) on the training thread and returns
+    the writer of that copy, so the file can be written off the training loop; it is one of
+    the files of the checkpoint directory, renamed into place with the rest, so a ``latest``
+    never pairs with another checkpoint's replay.
     """
 
     FILE = "replay.npz"
 
     def __init__(self, replay: Any, ckpt_dir: Path) -> None:
         self.replay = replay
-        self.path = ckpt_dir / self.FILE
-        self._thread: threading.Thread | None = None
-        self.saved = 0
+        self.ckpt_dir = ckpt_dir
+        self.saved = 0  # snapshots written
 
-    def save(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        snapshot = copy.deepcopy(self.replay)
-        self._thread = threading.Thread(target=self._write, args=(snapshot,), name="replay-save", daemon=True)
-        self._thread.start()
+    def snapshot(self, opt_steps: int, copy_now: bool = True) -> Callable[[Path], None]:
+        """The writer of the replay as it is now (a copy when ``copy_now``, else the live buffer,
+        which must then not change until the writer has run)."""
+        replay = copy.deepcopy(self.replay) if copy_now else self.replay
+        stamped = "stamp" in inspect.signature(replay.save).parameters
 
-    def _write(self, snapshot: Any) -> None:
-        try:
-            snapshot.save(str(self.path))
+        def write(path: Path) -> None:
+            if stamped:
+                replay.save(str(path), stamp={"opt_steps": opt_steps})
+            else:
+                replay.save(str(path))
             self.saved += 1
-        except OSError as exc:
-            log.error("could not save replay to %s: %s", self.path, exc)
+        return write
 
-    def wait(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def restore(self) -> bool:
-        """Load saved replay contents if present; returns whether it did."""
-        if not self.path.is_file():
-            return False
-        try:
-            self.replay.load(str(self.path))
-        except (OSError, ValueError, KeyError) as exc:
-            raise checkpoint.CheckpointError(f"{self.path}: unreadable replay checkpoint: {exc}") from None
-        log.info("restored %d transitions from %s", len(self.replay), self.path)
-        return True
+    def restore(self, directory: Path, state: dict[str, Any], cfg: Config) -> list[str]:
+        """Load the snapshot of the checkpoint in ``directory``; see :func:`load_replay`."""
+        return load_replay(cfg, self.replay, directory, state)
 
 
 class Bookkeeper:
@@ -146,13 +232,15 @@ class Bookkeeper:
     """
 
     def __init__(self, cfg: Config, run_dir: Path, agent: Agent | None,
-                 extra_state: Callable[[], dict[str, Any]] | None = None, replay: Any = None) -> None:
+                 extra_state: Callable[[], dict[str, Any]] | None = None, replay: Any = None,
+                 extra_files: Callable[[], FileWriters] | None = None) -> None:
         self.cfg = cfg
         self.tc = cfg.trainer
         self.dir = run_dir
         self.ckpt_dir = run_dir / "checkpoints"
         self.agent = agent
         self.extra_state = extra_state or (lambda: {})
+        self.extra_files = extra_files or (lambda: {})  # taken on the training thread at every save
         self._recorder: TensorBoardRecorder | None = None
         self._recorder_lock = threading.Lock()
         self.progress = Progress(self.tc.max_opts)
@@ -174,6 +262,9 @@ class Bookkeeper:
         self._last_latest = time.monotonic()
         self.replay_ckpt = ReplayCheckpointer(replay, self.ckpt_dir) if replay is not None and \
             cfg.trainer.checkpoint_replay else None
+        self.restored_from: Path | None = None  # the checkpoint directory this run continues from
+        self._latest_writer: threading.Thread | None = None  # writes checkpoints/latest with the replay
+        self.latest_skipped = 0  # refreshes of latest skipped because the previous one was still being written
 
     # --- records (TensorBoard) ----------------------------------------------------------------
     @property
@@ -204,13 +295,20 @@ class Bookkeeper:
         self.recent_returns.extend(returns)
         self.recent_lengths.extend(lengths)
 
-    def opt_step(self, metrics: Mapping[str, float], perf: Callable[[], Mapping[str, float]] | None = None) -> None:
-        """Count one optimisation step; record and save when their intervals come up."""
+    def opt_step(self, metrics: Mapping[str, float], perf: Callable[[], Mapping[str, float]] | None = None,
+                 save: bool = True) -> None:
+        """Count one optimisation step; record and (unless ``save`` is False: call :meth:`save_due`
+        once the step's work is done) save when their intervals come up."""
         self.opt_steps += 1
         for key, value in metrics.items():
             self._metrics[key].append(value)
         if self.opt_steps % self.tc.record_interval == 0:
             self.record(perf() if perf else {})
+        if save:
+            self.save_due()
+
+    def save_due(self) -> None:
+        """The numbered checkpoint and ``latest`` when their intervals have come up."""
         if self.tc.save_interval and self.opt_steps % self.tc.save_interval == 0:
             self.save(str(self.opt_steps))
             self.save("latest")
@@ -283,42 +381,88 @@ class Bookkeeper:
         """Counters and schedules for ``state.json``."""
         return {"env_steps": self.env_steps, "opt_steps": self.opt_steps, "episodes": self.episodes,
                 "version": self.version, "best_eval": self.best_eval if self.evals else None,
-                "elapsed_s": self.wall_s, "evals": self.evals, **self.extra_state()}
+                "elapsed_s": self.wall_s, "evals": self.evals, "recent_returns": list(self.recent_returns),
+                "recent_lengths": list(self.recent_lengths), **self.extra_state()}
 
     def _attached(self) -> Agent:
         if self.agent is None:
             raise RuntimeError("Bookkeeper: no agent attached yet")
         return self.agent
 
-    def save(self, name: str, extra: dict[str, Any] | None = None) -> Path:
+    def save(self, name: str, extra: dict[str, Any] | None = None, background: bool = True) -> Path:
+        """Write ``checkpoints/NAME`` with the agent, :meth:`state` and the extra files.
+
+        ``latest`` also holds the replay contents with ``trainer.checkpoint_replay``. Everything
+        is taken here, on the training thread (the replay as an in-memory copy); with
+        ``background`` that checkpoint is then written by a thread, renamed into place only once
+        every file is complete. A refresh asked for while the previous one is still being
+        written is skipped, which leaves that one's files together; a save with ``background``
+        False waits for it first.
+        """
         import torch
 
+        latest_with_replay = name == "latest" and self.replay_ckpt is not None
+        in_background = latest_with_replay and background
+        if name == "latest":
+            if in_background and self.saving():
+                self.latest_skipped += 1
+                return self.ckpt_dir / name
+            self.wait_saves()
+            self._last_latest = time.monotonic()
         agent = self._attached()
         agent_state = dict(agent.state_dict())
+        if in_background:
+            agent_state = copy.deepcopy(agent_state)  # the tensors move on while the thread writes
         agent_state["torch_rng"] = torch.get_rng_state()
         agent_state[checkpoint.POLICY_KEY] = checkpoint.policy_tensors(agent.params())
-        path = checkpoint.save(self.ckpt_dir / name, agent_state, {**self.state(), **(extra or {})})
-        if name == "latest":
-            self._last_latest = time.monotonic()
-            if self.replay_ckpt is not None:
-                self.replay_ckpt.save()
+        state = {**self.state(), **(extra or {})}
+        files = dict(self.extra_files())
+        if latest_with_replay:
+            assert self.replay_ckpt is not None
+            files[REPLAY_FILE] = self.replay_ckpt.snapshot(self.opt_steps, copy_now=in_background)
+        path = self.ckpt_dir / name
+        if not in_background:
+            return checkpoint.save(path, agent_state, state, extra_files=files)
+        self._latest_writer = threading.Thread(target=self._write_latest, args=(path, agent_state, state, files),
+                                               name="latest-save", daemon=True)
+        self._latest_writer.start()
         return path
 
+    def _write_latest(self, path: Path, agent_state: dict[str, Any], state: dict[str, Any],
+                      files: FileWriters) -> None:
+        try:
+            checkpoint.save(path, agent_state, state, extra_files=files)
+        except Exception as exc:  # the previous latest stays whole; the next refresh tries again
+            log.error("could not write %s: %s: %s", path, type(exc).__name__, exc)
+
+    def saving(self) -> bool:
+        """Whether a ``latest`` is being written in the background."""
+        return self._latest_writer is not None and self._latest_writer.is_alive()
+
+    def wait_saves(self, timeout: float | None = None) -> None:
+        """Wait for a ``latest`` being written in the background."""
+        if self._latest_writer is not None:
+            self._latest_writer.join(timeout)
+
     def restore(self, name: str = "latest") -> dict[str, Any]:
-        """Load ``checkpoints/NAME`` into the agent and counters; returns its state for the caller."""
+        """Load ``checkpoints/latest`` into the agent and counters; returns its state for the caller.
+
+        (``name`` must be ``latest``.) To check a checkpoint before writing anything, use
+        :func:`read_resume_point` and :meth:`resume` instead.
+        """
+        if name != "latest":
+            raise ValueError(f"only checkpoints/latest can be resumed from, not {name!r}")
+        point = read_resume_point(self.cfg, self.dir, self._attached())
+        self.resume(point)
+        return point.state
+
+    def resume(self, point: ResumePoint) -> None:
+        """Take the counters, evaluations and torch's RNG of a checkpoint read by :func:`read_resume_point`."""
         import torch
 
-        agent_state, state = checkpoint.load(self.ckpt_dir / name, map_location=self.agent_device())
-        torch_rng = agent_state.pop("torch_rng", None)
-        agent_state.pop(checkpoint.POLICY_KEY, None)
-        try:
-            self._attached().load_state_dict(agent_state)
-        except (KeyError, RuntimeError, ValueError) as exc:
-            raise checkpoint.CheckpointError(
-                f"{checkpoint.resolve(self.ckpt_dir / name) / checkpoint.AGENT_FILE}: does not fit this "
-                f"config's agent: {exc}") from None
-        if torch_rng is not None:
-            torch.set_rng_state(torch_rng.cpu())
+        state = point.state
+        if point.torch_rng is not None:
+            torch.set_rng_state(point.torch_rng.cpu())
         for key in ("env_steps", "opt_steps", "episodes", "version"):
             setattr(self, key, int(state.get(key, 0)))
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
@@ -326,15 +470,17 @@ class Bookkeeper:
         self.evals = list(state.get("evals", []))
         if state.get("best_eval") is not None:
             self.best_eval = float(state["best_eval"])
+        if self.evals:
+            self.last_eval = float(self.evals[-1]["return_mean"])
+        self.recent_returns.extend(float(r) for r in state.get("recent_returns", []))
+        self.recent_lengths.extend(int(n) for n in state.get("recent_lengths", []))
         self._env_rate, self._opt_rate = Rate(), Rate()
         self._env_rate.read(self.env_steps)
         self._opt_rate.read(self.opt_steps)
-        return state
+        self.restored_from = point.directory
 
     def agent_device(self) -> torch.device:
-        import torch
-
-        return getattr(self.agent, "device", torch.device("cpu"))
+        return _device_of(self.agent)
 
     # --- the end ----------------------------------------------------------------------------
     def summary(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -360,9 +506,7 @@ class Bookkeeper:
     def finish(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Final record, ``checkpoints/latest``, hyperparameter table, ``summary.json``."""
         self.progress.close()
-        self.save("latest")
-        if self.replay_ckpt is not None:
-            self.replay_ckpt.wait(timeout=60)
+        self.save("latest", background=False)
         summary = self.write_summary(extra)
         metrics = {"best_eval_return": summary["best_eval_return"] or float("nan"),
                    "env_steps": float(self.env_steps), "wall_s": float(summary["wall_s"])}

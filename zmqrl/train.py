@@ -4,24 +4,60 @@ The loop is border's ``Trainer``: step the envs, turn steps into n-step transiti
 ``trainer.warmup`` transitions are stored, run one optimisation step every
 ``trainer.opt_interval`` transitions. Evaluation, checkpoints, records and the summary come
 from :class:`zmqrl.bookkeeping.Bookkeeper`, shared with the learner.
+
+A run stopped by SIGINT/SIGTERM finishes its optimisation step, writes ``checkpoints/latest``
+and exits; ``--resume`` continues it exactly (the same parameters as a run never stopped) when
+``trainer.checkpoint_replay`` is on: every checkpoint holds the agent with its RNGs, the envs'
+state, the n-step builder's pending steps and this loop's counters, and ``latest`` the replay
+contents with their sampling RNG. Without the replay contents, or for an env whose state cannot
+be captured whole, the resume is not exact and the log says so and why. The checkpoint is read
+and checked before anything in the run directory is written.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from zmqrl.acting import STATE_FILE as ENV_STATE_FILE
 from zmqrl.acting import ActingLoop, make_task
 from zmqrl.agents.torch_util import resolve_device
-from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir, require_checkpoint, restore_replay
+from zmqrl.bookkeeping import (
+    Bookkeeper,
+    ResumePoint,
+    make_replay_from,
+    prepare_run_dir,
+    read_resume_point,
+    require_checkpoint,
+)
+from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config
 from zmqrl.envs import GreedyEvaluator
 from zmqrl.lifecycle import StopFlag, seed_everything
 
 log = logging.getLogger("zmqrl")
+
+
+@dataclass
+class LoopCounters:
+    """What the loop carries between iterations, saved in ``state.json`` under ``trainer``."""
+
+    opt_credit: float = 0.0  # optimisation steps owed to the transitions collected so far
+    eval_calls: int = 0  # greedy evaluations run (each draws its episodes' seeds from this count)
+
+    def state(self) -> dict[str, Any]:
+        return {"opt_credit": self.opt_credit, "eval_calls": self.eval_calls}
+
+    def load(self, state: Any, where: Path) -> None:
+        try:
+            self.opt_credit = float(state["opt_credit"])
+            self.eval_calls = int(state["eval_calls"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{where}: 'trainer' holds no loop counters: {exc}") from None
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
@@ -32,50 +68,90 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
     task = make_task(cfg)
     device = resolve_device(cfg.run.device)
     require_checkpoint(run_dir or cfg.run.run_dir, resume)
-    path = prepare_run_dir(cfg, run_dir)
     agent = task.agent(device=device, seed=seed)
     replay = make_replay_from(cfg, task.batch_spec())
-    book = Bookkeeper(cfg, path, agent, extra_state=lambda: {"replay": replay.state_dict()}, replay=replay)
-    if resume:
-        state = book.restore("latest")
-        restore_replay(book, replay, state)
-        log.info("resumed from %s at opt step %d with %d transitions in replay", path / "checkpoints/latest",
-                 book.opt_steps, len(replay))
-
-    loop = ActingLoop(cfg, agent, task.exploration(None), seed, env_steps=book.env_steps)
+    loop = ActingLoop(cfg, agent, task.exploration(None), seed)
     evaluator = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed + 1_000_000)
+    try:
+        return _train(cfg, run_dir, resume, agent, replay, loop, evaluator, device)
+    finally:
+        loop.close()
+        evaluator.close()
+
+
+def _resume(cfg: Config, run_dir: str | Path, agent: Any, replay: Any, loop: ActingLoop,
+            counters: LoopCounters) -> ResumePoint:
+    """Read and check ``checkpoints/latest`` and load every part of it; writes nothing."""
+    point = read_resume_point(cfg, run_dir, agent, replay)
+    state_path = point.directory / "state.json"
+    if "trainer" in point.state:
+        counters.load(point.state["trainer"], state_path)
+    else:
+        point.notes.append(f"{state_path} holds no loop counters (written by an earlier version)")
+    env_file = point.directory / ENV_STATE_FILE
+    if env_file.is_file():
+        point.notes += loop.restore(env_file, int(point.state.get("env_steps", 0)))
+    else:
+        loop.env_steps = int(point.state.get("env_steps", 0))
+        point.notes.append(f"the checkpoint holds no {ENV_STATE_FILE}: the envs start new episodes")
+    return point
+
+
+def _train(cfg: Config, run_dir: str | Path | None, resume: bool, agent: Any, replay: Any, loop: ActingLoop,
+           evaluator: GreedyEvaluator, device: Any) -> dict[str, Any]:
+    counters = LoopCounters()
+    point = _resume(cfg, run_dir or cfg.run.run_dir, agent, replay, loop, counters) if resume else None
+    evaluator.calls = counters.eval_calls
+    path = prepare_run_dir(cfg, run_dir)  # only now, with the checkpoint checked: config.yaml
+
+    def extra_state() -> dict[str, Any]:
+        counters.eval_calls = evaluator.calls
+        return {"replay": replay.state_dict(), "trainer": counters.state()}
+
+    book = Bookkeeper(cfg, path, agent, extra_state=extra_state, replay=replay,
+                      extra_files=lambda: {ENV_STATE_FILE: loop.snapshot()})
+    if point is not None:
+        book.resume(point)
+        log.info("resumed from %s at opt step %d (%d env steps) with %d transitions in replay", point.directory,
+                 book.opt_steps, book.env_steps, len(replay))
+        if point.notes:
+            log.warning("the resume is not exact: %s", "; ".join(point.notes))
+        else:
+            log.info("the resume is exact: agent, RNGs, envs, pending n-step transitions and replay restored")
+
     tc, batch_size = cfg.trainer, cfg.agent.batch_size
     explore_tag = loop.exploration.name
+    explore = loop.exploration(max(loop.env_steps - loop.num_envs, 0))  # that of the last env step
     log.info("training %s on %s in %s (device %s)", cfg.agent.algo, cfg.env.id, path, device)
-
-    opt_credit = 0.0
     with StopFlag() as stop:
         while not stop.set and not book.should_stop():
-            acted = loop.step()
-            book.add_env_steps(loop.num_envs)
-            book.add_episodes(acted.episode_returns, acted.episode_lengths)
-            if acted.transitions is not None:
-                replay.add(acted.transitions)
-            if len(replay) < tc.warmup:
-                continue
-            opt_credit += loop.num_envs / tc.opt_interval
-            while opt_credit >= 1.0 and not book.should_stop():
-                opt_credit -= 1.0
+            # A resumed run first pays the steps it owes (once warm again, if its replay starts empty).
+            if counters.opt_credit < 1.0 or len(replay) < tc.warmup:
+                acted = loop.step()
+                explore = acted.explore
+                book.add_env_steps(loop.num_envs)
+                book.add_episodes(acted.episode_returns, acted.episode_lengths)
+                if acted.transitions is not None:
+                    replay.add(acted.transitions)
+                if len(replay) < tc.warmup:
+                    continue
+                counters.opt_credit += loop.num_envs / tc.opt_interval
+            while counters.opt_credit >= 1.0 and not stop.set and not book.should_stop():
+                counters.opt_credit -= 1.0
                 batch = replay.sample(batch_size)
                 metrics, priorities = agent.update(batch)
                 if priorities is not None:
                     replay.update_priorities(batch["indices"], priorities)
-                book.opt_step({**metrics, explore_tag: acted.explore},
+                book.opt_step({**metrics, explore_tag: explore}, save=False,
                               perf=lambda: {"perf/replay_size": float(len(replay)),
                                             "perf/beta": float(getattr(replay, "beta", 1.0))})
                 if book.eval_due():
                     returns, lengths = evaluator.run(agent.greedy)
                     book.evaluation(returns, lengths, version=book.opt_steps)
+                book.save_due()  # after the evaluation, so a checkpoint never falls between the two
     if stop.set:
         book.stop_reason = "interrupted"
-    loop.close()
-    evaluator.close()
-    summary = book.finish({"replay_size": len(replay)})
+    summary = book.finish({"replay_size": len(replay)})  # before the envs close: their state is saved
     log.info("done (%s): %d env steps, %d opt steps in %.1fs, best eval %s", book.stop_reason,
              book.env_steps, book.opt_steps, summary["wall_s"], summary["best_eval_return"])
     return summary
