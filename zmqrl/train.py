@@ -20,6 +20,7 @@ from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir, req
 from zmqrl.config import Config
 from zmqrl.envs import GreedyEvaluator
 from zmqrl.lifecycle import StopFlag, seed_everything
+from zmqrl.record import print_run_table
 
 log = logging.getLogger("zmqrl")
 
@@ -76,6 +77,5 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
     loop.close()
     evaluator.close()
     summary = book.finish({"replay_size": len(replay)})
-    log.info("done (%s): %d env steps, %d opt steps in %.1fs, best eval %s", book.stop_reason,
-             book.env_steps, book.opt_steps, summary["wall_s"], summary["best_eval_return"])
+    print_run_table(summary, path)
     return summary
