@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from zmqrl import cli, config
+from zmqrl.api import run_local
 from zmqrl.plot import AXES, aggregate, plot_runs, read_run
 from zmqrl.rundir import RunDirError
 from zmqrl.train import train
@@ -92,8 +93,22 @@ def test_seeds_form_one_group_drawn_as_mean_and_std(runs: dict[str, Path], tmp_p
 
 def test_same_name_different_config_says_how_they_differ(runs: dict[str, Path], tmp_path: Path) -> None:
     groups = plot_runs([runs["s0"], runs["lr"]], tmp_path / "d.png")
-    assert [g.label for g in groups] == ["cartpole_dqn (agent.lr=0.001) (seed 0)",
-                                         "cartpole_dqn (agent.lr=0.0003) (seed 0)"]
+    assert [g.label for g in groups] == ["cartpole_dqn (agent.lr=0.001, seed 0)",
+                                         "cartpole_dqn (agent.lr=0.0003, seed 0)"]
+
+
+@pytest.mark.slow
+def test_a_local_run_is_not_a_seed_of_a_train_run(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Same config, run by zmqrl local: its own group, and both labels say how each ran."""
+    cfg = config.load(REPO / "configs" / "cartpole_dqn.yaml", SHORT + ["run.seed=0"])
+    run_local(cfg, actors=2, run_dir=tmp_path / "local")  # actor.num_actors=2: the default a train run has
+    local = read_run(tmp_path / "local")
+    assert local.mode == "local" and read_run(runs["s0"]).mode == "train"
+    assert len(local.evals.y) >= 1 and np.all(np.isfinite(local.evals.x["env_steps"]))
+    out = tmp_path / "both.png"
+    groups = plot_runs([runs["s0"], tmp_path / "local"], out, x="wall_s")
+    assert [g.label for g in groups] == ["cartpole_dqn (zmqrl train, seed 0)", "cartpole_dqn (zmqrl local, seed 0)"]
+    assert png_size(out) == (1080, 900)
 
 
 def test_aggregate_covers_only_where_every_run_has_data() -> None:

@@ -5,8 +5,9 @@ mean of recent episodes) are read from each run's TensorBoard files in ``tb/`` a
 against env steps, wall-clock seconds or optimisation steps. The x of an evaluation comes from
 ``summary.json``'s ``evals`` where it lists that optimisation step, else from ``eval/env_steps``
 and ``perf/wall_s`` of the records. Runs whose ``config.yaml`` differ only in ``run.seed``,
-``run.name`` and ``run.run_dir`` form one group, drawn as its mean ± std over seeds (where all
-its runs have data) over faint lines of each seed.
+``run.name`` and ``run.run_dir`` (and ran the same way: ``zmqrl train`` or ``zmqrl local``) form
+one group, drawn as its mean ± std over seeds (where all its runs have data) over faint lines of
+each seed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from zmqrl.rundir import RunDirError, raw_config, read_summary, require_run_dir
 
 AXES = {"env_steps": "env steps", "wall_s": "wall-clock time (s)", "opt_steps": "optimisation steps"}
-IGNORED_FOR_GROUPING = {("run", "seed"), ("run", "name"), ("run", "run_dir")}
+IGNORED_FOR_GROUPING = {("run", "seed"), ("run", "name"), ("run", "run_dir")}  # what tells seeds apart
 TAGS = ("eval/return_mean", "eval/return_std", "eval/env_steps", "train/episode_return", "perf/env_steps",
         "perf/wall_s")
 
@@ -52,6 +53,7 @@ class Run:
     config: dict[str, Any]
     evals: Curve
     train: Curve
+    mode: str = "train"  # how it ran: train (one process) or local (a learner and actor processes)
 
     @property
     def name(self) -> str:
@@ -62,10 +64,8 @@ class Run:
         return self.config.get("run", {}).get("seed")
 
     def group_key(self) -> str:
-        """The config without the keys that tell seeds of one experiment apart."""
-        cfg = {s: {k: v for k, v in (sec.items() if isinstance(sec, dict) else []) if (s, k) not in
-                   IGNORED_FOR_GROUPING} if isinstance(sec, dict) else sec for s, sec in self.config.items()}
-        return json.dumps(cfg, sort_keys=True, default=str)
+        """How it ran and its config without the keys that tell seeds of one experiment apart."""
+        return json.dumps([self.mode, _flat(self.config)], sort_keys=True, default=str)
 
 
 @dataclass
@@ -129,33 +129,38 @@ def read_run(path: str | Path) -> Run:
     if not len(evals.y) and not len(train.y):
         raise RunDirError(f"{path}: nothing to plot yet (no eval/ or train/ returns in tb/, no evals in "
                           "summary.json)")
-    return Run(path, config, evals, train)
+    distributed = summary.get("role") == "learner" or (path / "endpoints.json").is_file()
+    return Run(path, config, evals, train, mode="local" if distributed else "train")
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs grouped by config (seed, name and run dir ignored), in the order first seen, labelled."""
+    """Runs grouped by config (seed, name and run dir ignored) and mode, in the order first seen.
+
+    A group's label is the run name; where groups share one, it adds how they differ (``zmqrl
+    local`` or ``train``, up to three config keys), then the seeds: ``cartpole_dqn (agent.lr=0.001,
+    3 seeds, mean ± std)``.
+    """
     groups: dict[str, Group] = {}
     for run in runs:
         groups.setdefault(run.group_key(), Group([])).runs.append(run)
     out = list(groups.values())
-    for g in out:
-        names = sorted({r.name for r in g.runs})
-        g.label = "/".join(names) if len(names) <= 2 else names[0]
-    seen: dict[str, int] = {}
-    for g in out:
-        seen[g.label] = seen.get(g.label, 0) + 1
-    for label in [k for k, n in seen.items() if n > 1]:  # same name, different configs: say how they differ
-        same = [g for g in out if g.label == label]
-        diffs = _differing_keys([g.runs[0].config for g in same])
+    names = {id(g): "/".join(sorted({r.name for r in g.runs})[:2]) for g in out}
+    details: dict[int, list[str]] = {id(g): [] for g in out}
+    for name in set(names.values()):
+        same = [g for g in out if names[id(g)] == name]
+        if len(same) < 2:
+            continue
+        diffs = _differing_keys([g.runs[0].config for g in same])  # same name, different configs: how
+        modes = len({g.runs[0].mode for g in same}) > 1
         for g in same:
             flat = _flat(g.runs[0].config)
-            g.label += " (" + ", ".join(f"{k}={flat.get(k)}" for k in diffs[:3]) + ")" if diffs else \
-                f" ({g.runs[0].path.name})"
+            details[id(g)] += ([f"zmqrl {g.runs[0].mode}"] if modes else []) + \
+                [f"{k}={flat.get(k)}" for k in diffs[:3]] or [g.runs[0].path.name]
     for g in out:
-        if len(g.runs) > 1:
-            g.label += f" ({len(g.runs)} seeds, mean ± std)"
-        elif g.runs[0].seed is not None:
-            g.label += f" (seed {g.runs[0].seed})"
+        seeds = f"{len(g.runs)} seeds, mean ± std" if len(g.runs) > 1 else \
+            f"seed {g.runs[0].seed}" if g.runs[0].seed is not None else ""
+        parts = details[id(g)] + ([seeds] if seeds else [])
+        g.label = f"{names[id(g)]} ({', '.join(parts)})" if parts else names[id(g)]
     return out
 
 
@@ -219,6 +224,8 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, x: str = "env_steps",
                 continue
             for cx, cy in curves:
                 ax.plot(cx, cy, color=color, alpha=0.25, linewidth=0.8)
+                if which == "evals" and len(cx):  # where each seed ended (e.g. at trainer.stop_return)
+                    ax.plot(cx[-1:], cy[-1:], color=color, alpha=0.6, marker="o", markersize=4, linestyle="none")
             grid, mean, std = aggregate(curves)
             ax.plot(grid, mean, color=color, label=label, linewidth=1.8)
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
