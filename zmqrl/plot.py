@@ -201,15 +201,13 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, x: str = "env_steps",
     runs = [read_run(p) for p in run_dirs]
     groups = group_runs(runs)
     import matplotlib
-
-    matplotlib.use("Agg")  # files only: works with no display
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no display, and no change to a caller's backend
 
     with_train = any(len(r.train.y) for r in runs)
-    fig, axes = plt.subplots(2 if with_train else 1, 1, figsize=(9, 7.5 if with_train else 4.5), sharex=True,
-                             squeeze=False)
+    fig = Figure(figsize=(9, 7.5 if with_train else 4.5))
+    axes = fig.subplots(2 if with_train else 1, 1, sharex=True, squeeze=False)
     ax_eval = axes[0][0]
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, group in enumerate(groups):
         color = colors[i % len(colors)]
         for ax, which in ((ax_eval, "evals"), (axes[1][0] if with_train else None, "train")):
@@ -245,7 +243,6 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, x: str = "env_steps",
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
-    plt.close(fig)
     return groups
 
 
