@@ -153,15 +153,6 @@ def _load_replay_file(replay: Any, path: Path, directory: Path, state: dict[str,
     log.info("restored %d transitions from %s", len(replay), path)
 
 
-def restore_replay(book: Bookkeeper, replay: Any, state: dict[str, Any]) -> None:
-    """On resume, after :meth:`Bookkeeper.restore`: the saved replay contents when there are any
-    (``trainer.checkpoint_replay``), else an empty buffer that keeps the sampling RNG, beta
-    schedule and max priority."""
-    directory = book.restored_from or checkpoint.resolve(book.ckpt_dir / "latest")
-    for note in load_replay(book.cfg, replay, directory, state):
-        log.info("resume: %s", note)
-
-
 def prepare_run_dir(cfg: Config, run_dir: str | Path | None) -> Path:
     """Create the run directory (DESIGN §4) and write the resolved ``config.yaml``."""
     if not run_dir:
@@ -262,7 +253,6 @@ class Bookkeeper:
         self._last_latest = time.monotonic()
         self.replay_ckpt = ReplayCheckpointer(replay, self.ckpt_dir) if replay is not None and \
             cfg.trainer.checkpoint_replay else None
-        self.restored_from: Path | None = None  # the checkpoint directory this run continues from
         self._latest_writer: threading.Thread | None = None  # writes checkpoints/latest with the replay
         self.latest_skipped = 0  # refreshes of latest skipped because the previous one was still being written
 
@@ -444,18 +434,6 @@ class Bookkeeper:
         if self._latest_writer is not None:
             self._latest_writer.join(timeout)
 
-    def restore(self, name: str = "latest") -> dict[str, Any]:
-        """Load ``checkpoints/latest`` into the agent and counters; returns its state for the caller.
-
-        (``name`` must be ``latest``.) To check a checkpoint before writing anything, use
-        :func:`read_resume_point` and :meth:`resume` instead.
-        """
-        if name != "latest":
-            raise ValueError(f"only checkpoints/latest can be resumed from, not {name!r}")
-        point = read_resume_point(self.cfg, self.dir, self._attached())
-        self.resume(point)
-        return point.state
-
     def resume(self, point: ResumePoint) -> None:
         """Take the counters, evaluations and torch's RNG of a checkpoint read by :func:`read_resume_point`."""
         import torch
@@ -477,7 +455,6 @@ class Bookkeeper:
         self._env_rate, self._opt_rate = Rate(), Rate()
         self._env_rate.read(self.env_steps)
         self._opt_rate.read(self.opt_steps)
-        self.restored_from = point.directory
 
     def agent_device(self) -> torch.device:
         return _device_of(self.agent)

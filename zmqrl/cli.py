@@ -167,6 +167,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     from zmqrl.bench import register as register_bench
 
     register_bench(sub, handlers)
+    from zmqrl import config_cli, enjoy, plot
+
+    for module in (plot, enjoy, config_cli):
+        module.register(sub, handlers)
     return parser, handlers
 
 

@@ -235,10 +235,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
 
 
-def _unknown_key(key: str, valid: list[str], where: str) -> ConfigError:
+def _unknown_key(key: str, valid: list[str], where: str, listing: str = "zmqrl config") -> ConfigError:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
-    return ConfigError(f"{where}: unknown key '{key}'{hint}")
+    hint = f"; did you mean '{close[0]}'? " if close else f"; valid keys: {', '.join(valid)}; "
+    return ConfigError(f"{where}: unknown key '{key}'{hint}`{listing}` lists every key")
 
 
 def _agent_class(data: Any, source: str) -> type[AgentConfig]:
@@ -256,9 +256,9 @@ def _foreign_agent_key(key: str, cls: type[AgentConfig], names: list[str], where
     from zmqrl.agents import ALGORITHMS
 
     algo = next((a for a in ALGORITHMS if key in {f.name for f in dataclasses.fields(agent_config_class(a))}), None)
-    if algo is None:
-        return _unknown_key(key, names, where)
     current = next(a for a in ALGORITHMS if agent_config_class(a) is cls)
+    if algo is None:
+        return _unknown_key(key, names, where, f"zmqrl config {current}")
     return ConfigError(f"{where}: key '{key}' belongs to agent.algo={algo}, not {current}; "
                        f"`zmqrl config {current}` lists the keys of {current}")
 

@@ -38,6 +38,7 @@ from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config
 from zmqrl.envs import GreedyEvaluator
 from zmqrl.lifecycle import StopFlag, seed_everything
+from zmqrl.record import print_run_table
 
 log = logging.getLogger("zmqrl")
 
@@ -152,6 +153,5 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, agent: Any, re
     if stop.set:
         book.stop_reason = "interrupted"
     summary = book.finish({"replay_size": len(replay)})  # before the envs close: their state is saved
-    log.info("done (%s): %d env steps, %d opt steps in %.1fs, best eval %s", book.stop_reason,
-             book.env_steps, book.opt_steps, summary["wall_s"], summary["best_eval_return"])
+    print_run_table(summary, path)
     return summary

@@ -31,11 +31,12 @@ import zmq
 
 from zmqrl import __version__
 from zmqrl.acting import make_task
-from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir, require_checkpoint, restore_replay
+from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir, read_resume_point, require_checkpoint
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config
 from zmqrl.core import Agent
 from zmqrl.lifecycle import StopFlag, seed_everything
+from zmqrl.record import print_run_table
 from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, read_json
 from zmqrl.roles.fit import task_signature
 from zmqrl.roles.ingest import Receiver, ReplayWriter
@@ -97,25 +98,31 @@ class Learner:
         seed_everything(cfg.run.seed)
         self.task = make_task(cfg)
         require_checkpoint(run_dir or cfg.run.run_dir, resume)
-        self.dir = prepare_run_dir(cfg, run_dir)
         self.spec = self.task.batch_spec()
         self.replay = make_replay_from(cfg, self.spec)
         self.limiter = SamplesPerInsert(cfg.trainer, cfg.agent.batch_size)
-        self.book = Bookkeeper(cfg, self.dir, None, replay=self.replay, extra_state=lambda: {
-            "replay": self.replay.state_dict(), "rate_limiter": self.limiter.state_dict()})
         self._initial = None if resume else self.task.initial_params()
         self._agent: Agent | None = None
         self._builder: Background[Agent] = Background(self._build_agent, name="agent-builder")
         self._deferred: list[Message] = []  # evaluation reports that came before the agent
-        if self._initial is None:  # build (and resume) before binding anything, as errors belong here
-            self._builder.run()
-            self._adopt(self._builder.get())
+        built, point = None, None
+        if self._initial is None:  # build (and read the checkpoint) before writing or binding anything
+            built = self._make_agent()
             if resume:
-                state = self.book.restore("latest")
-                restore_replay(self.book, self.replay, state)
-                self.limiter.load_state_dict(state.get("rate_limiter", {}))
+                point = read_resume_point(cfg, run_dir or cfg.run.run_dir, built, self.replay)
+                self.limiter.load_state_dict(point.state.get("rate_limiter", {}))
+        self.dir = prepare_run_dir(cfg, run_dir)  # only now, with the checkpoint checked: config.yaml
+        self.book = Bookkeeper(cfg, self.dir, None, replay=self.replay, extra_state=lambda: {
+            "replay": self.replay.state_dict(), "rate_limiter": self.limiter.state_dict()})
+        if built is not None:
+            self._adopt(built)
+            if point is not None:
+                self.book.resume(point)
+                for note in point.notes:
+                    log.info("learner: resume: %s", note)
                 log.info("learner: resumed from %s at opt step %d, model version %d, %d transitions in replay",
-                         self.dir / "checkpoints/latest", self.book.opt_steps, self.book.version, len(self.replay))
+                         point.directory, self.book.opt_steps, self.book.version, len(self.replay))
+            self.book.open_recorder()
         self.incarnation = new_incarnation()
 
         self.ctx = new_context(cfg.net)
@@ -147,8 +154,8 @@ class Learner:
                      time.monotonic() - self.started)
 
     # --- the agent ----------------------------------------------------------------------------
-    def _build_agent(self) -> Agent:
-        """Import torch, build the agent (adopting the published version-0 parameters) and open TensorBoard."""
+    def _make_agent(self) -> Agent:
+        """Import torch and build the agent, adopting the published version-0 parameters if any."""
         import torch
 
         from zmqrl.agents.torch_util import resolve_device
@@ -158,6 +165,11 @@ class Learner:
         agent = self.task.agent(device=resolve_device(self.cfg.run.device), seed=self.cfg.run.seed)
         if self._initial is not None:
             agent.adopt_initial(self._initial)
+        return agent
+
+    def _build_agent(self) -> Agent:
+        """In the background while data comes in: the agent, and the TensorBoard writer opened."""
+        agent = self._make_agent()
         self.book.open_recorder()
         return agent
 
@@ -377,7 +389,7 @@ class Learner:
         self._dispatch(self.receiver.drain(seconds=1.0))
         self.agent_ready(block=True)  # the final checkpoint needs the agent
         summary = self.book.finish(self.summary_extra())
-        print_end_table(summary)
+        print_run_table(summary, self.dir, "learner summary")
         self.publish(new_version=False, done=self.book.stop_reason or "finished")
         self._close(linger_ms=1000)  # the last message leaves before the context goes
         return summary
@@ -397,30 +409,6 @@ def replay_priority_counts(replay: Any) -> dict[str, int]:
     """Priorities replay rejected or clamped (non-finite, negative, absurdly large), where it counts them."""
     return {k: int(getattr(replay, f"priorities_{k}")) for k in ("rejected", "clamped")
             if hasattr(replay, f"priorities_{k}")}
-
-
-def print_end_table(summary: dict[str, Any]) -> None:
-    """border's ``AsyncTrainStat`` and per-actor ``ActorStat`` as a table in the log."""
-    lag = summary.get("policy_lag", {})
-    msgs = summary.get("messages", {})
-    lines = [
-        f"{'stop reason':<22}{summary['stop_reason']}",
-        f"{'wall time':<22}{summary['wall_s']:.1f} s",
-        f"{'opt steps':<22}{summary['opt_steps']} ({summary['opt_steps_per_s']:.0f}/s)",
-        f"{'env steps':<22}{summary['env_steps']} ({summary['env_steps_per_s']:.0f}/s)",
-        f"{'samples/s':<22}{summary['samples_per_s']:.0f} (per insert {summary.get('samples_per_insert', 0):.2f})",
-        f"{'model version':<22}{summary['model_version']}",
-        f"{'policy lag':<22}mean {lag.get('mean', float('nan')):.1f}, p90 {lag.get('p90', float('nan')):.0f}, "
-        f"max {lag.get('max', '-')}",
-        f"{'batches':<22}received {msgs.get('batches_received', 0)}, lost {msgs.get('batches_lost', 0)}, "
-        f"rejected {msgs.get('rejected_total', 0)}",
-        f"{'best eval return':<22}{summary['best_eval_return']}",
-    ]
-    header = f"{'actor':<12}{'env steps':>11}{'steps/s':>9}{'batches':>9}{'lost':>6}{'lag':>7}{'blocked s':>11}"
-    rows = [f"{name:<12}{int(a.get('env_steps', 0)):>11}{a.get('env_steps_per_s', 0):>9.0f}{a['batches']:>9}"
-            f"{a['lost']:>6}{a['lag_mean']:>7.1f}{a.get('blocked_s', 0):>11.1f}"
-            for name, a in sorted(summary.get("actors", {}).items())]
-    log.info("learner summary\n%s\n%s\n%s", "\n".join(lines), header, "\n".join(rows))
 
 
 def run_learner(cfg: Config, run_dir: str | None, bind_data: str, bind_model: str, bind_eval: str,

@@ -23,7 +23,7 @@ from typing import IO, Any
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag
-from zmqrl.record import Progress
+from zmqrl.record import Progress, print_run_table
 from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, free_port, read_json
 
 log = logging.getLogger("zmqrl")
@@ -146,9 +146,10 @@ def run_local(cfg: Config, config_path: str | None, overrides: list[str], actors
             log.warning("local: %s found its port taken by another process (attempt %d of %d); "
                         "starting every role again on new ports", taken, attempt, BIND_ATTEMPTS)
     summary = read_json(summary_path) or {}
-    log.info("local: finished in %.1fs (%s); best eval %s; run directory %s", time.monotonic() - started,
-             summary.get("stop_reason") or ("interrupted" if stop.set else "stopped"),
-             summary.get("best_eval_return"), path)
+    log.info("local: finished in %.1fs (%s)", time.monotonic() - started,
+             summary.get("stop_reason") or ("interrupted" if stop.set else "stopped"))
+    if summary:
+        print_run_table(summary, path)
     return code
 
 
