@@ -179,11 +179,19 @@ def test_resume_from_corrupt_checkpoint_names_the_file_and_keeps_it(tmp_path: Pa
     latest.mkdir(parents=True)
     (latest / "state.json").write_text('{"opt_steps": 5}')
     (latest / "agent.pt").write_bytes(os.urandom(512))
+    (run_dir / "config.yaml").write_text("# the config of the run that wrote this checkpoint\n")
+
+    def tree() -> dict[str, tuple[bytes, int]]:
+        return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
+                for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+    before = tree()
     job = Job(procs, run_dir)
     proc = job.learner("learner", "--resume")
     assert proc.wait(60) == 2, proc.tail()
     assert str(latest / "agent.pt") in proc.text() and "Traceback" not in proc.text(), proc.tail()
-    assert (latest / "agent.pt").stat().st_size == 512, "the checkpoint must be left as it was"
+    logs = {k for k in tree() if k.startswith("logs/")}  # the test's own log files of the role
+    assert {k: v for k, v in tree().items() if k not in logs} == before, "nothing in the run dir may change"
 
     missing = Job(procs, tmp_path / "empty").learner("learner-missing", "--resume")
     assert missing.wait(60) == 2, missing.tail()
