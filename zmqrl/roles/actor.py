@@ -29,7 +29,7 @@ from zmqrl.acting import ActingLoop, make_task
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
-from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, misfit, parameter_misfit, task_signature
+from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
 from zmqrl.wire import (
     MODEL,
     SUPPORTED_VERSIONS,
@@ -157,14 +157,9 @@ class Actor:
             self.ratelog.warn("bad-model", f"{self.name}: dropped {bad} bad message(s) from {self.model_addr}")
         if msg is None or self.refused:
             return False
-        problem = misfit(self.signature, msg.meta.get("task"))
-        if problem is None:
-            try:
-                self.policy.load_params(msg.arrays)
-            except ValueError as exc:
-                problem = parameter_misfit(self.signature, msg.meta.get("task"), exc)
+        problem = load_if_fits(self.policy, self.signature, msg)
         if problem is not None:
-            self._refuse(f"the learner's model (version {msg.version}) does not fit this config: {problem}")
+            self._refuse(problem)
             return False
         self.version = msg.version
         if self._versions is not None:
@@ -178,10 +173,10 @@ class Actor:
         stepping) and ``done`` (the run is over: finish)."""
         if msg.incarnation == self.versions.incarnation or self.versions.incarnation is None:
             self.paused = msg.meta.get("pause") is True
-            done = msg.meta.get("done")
-            if isinstance(done, str) and done and not self.finished:
-                self.finished = done
-                log.info("%s: the learner finished (%s); stopping", self.name, done)
+        done = learner_done(msg, self.versions)
+        if done and not self.finished:
+            self.finished = done
+            log.info("%s: the learner finished (%s); stopping", self.name, done)
 
     def _wire_error(self, exc: WireError) -> None:
         if exc.reason == "version":

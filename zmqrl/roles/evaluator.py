@@ -21,7 +21,7 @@ from zmqrl.config import Config
 from zmqrl.envs import GreedyEvaluator
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
-from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, misfit, parameter_misfit, task_signature
+from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
 from zmqrl.wire import (
     MODEL,
     Message,
@@ -83,15 +83,10 @@ class Evaluator:
         opt_steps = msg.meta.get("opt_steps", 0)
         if not isinstance(opt_steps, int) or not self._due(opt_steps):
             return False
-        problem = misfit(self.signature, msg.meta.get("task"))
-        if problem is None:
-            try:
-                self.policy.load_params(msg.arrays)
-            except ValueError as exc:
-                problem = parameter_misfit(self.signature, msg.meta.get("task"), exc)
+        problem = load_if_fits(self.policy, self.signature, msg)
         if problem is not None:
-            self.refused = f"the learner's model (version {msg.version}) does not fit this config: {problem}"
-            log.error("evaluator: %s", self.refused)
+            self.refused = problem
+            log.error("evaluator: %s", problem)
             return False
         params = {k: np.array(v) for k, v in msg.arrays.items()}
         returns, lengths = self.episodes.run(self.policy.greedy)
@@ -127,9 +122,8 @@ class Evaluator:
 
     def _control(self, msg: Message) -> None:
         """``done`` in a model's meta from the current learner: the run is over."""
-        done = msg.meta.get("done")
-        current = msg.incarnation == self.versions.incarnation or self.versions.incarnation is None
-        if current and isinstance(done, str) and done and not self.finished:
+        done = learner_done(msg, self.versions)
+        if done and not self.finished:
             self.finished = done
             log.info("evaluator: the learner finished (%s); stopping", done)
 

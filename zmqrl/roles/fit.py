@@ -15,6 +15,8 @@ import gymnasium as gym
 
 from zmqrl.acting import Task
 from zmqrl.config import to_dict
+from zmqrl.core import Policy
+from zmqrl.wire import Message, VersionTracker
 
 EXIT_CONFIG_MISMATCH = 2
 
@@ -62,3 +64,25 @@ def parameter_misfit(mine: dict[str, Any], theirs: Any, error: Exception) -> str
             and agent_theirs[k] != agent_mine[k]]
     hint = "; ".join(keys) if keys else "the network settings of the agent section (agent.*)"
     return f"its parameters do not fit this config's network ({error}); differing keys: {hint}"
+
+
+def load_if_fits(policy: Policy, mine: dict[str, Any], msg: Message) -> str | None:
+    """Load the learner's model into ``policy`` if it fits this config; else say why (and load nothing)."""
+    theirs = msg.meta.get("task")
+    problem = misfit(mine, theirs)
+    if problem is None:
+        try:
+            policy.load_params(msg.arrays)
+        except ValueError as exc:
+            problem = parameter_misfit(mine, theirs, exc)
+    if problem is None:
+        return None
+    return f"the learner's model (version {msg.version}) does not fit this config: {problem}"
+
+
+def learner_done(msg: Message, versions: VersionTracker) -> str:
+    """The stop reason when a model message says the run is over, from the learner line in use
+    (or any, before the first model was taken); "" otherwise."""
+    done = msg.meta.get("done")
+    current = msg.incarnation == versions.incarnation or versions.incarnation is None
+    return done if current and isinstance(done, str) else ""

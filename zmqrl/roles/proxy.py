@@ -21,6 +21,7 @@ import zmq
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, send_blocking, write_role_stats
+from zmqrl.roles.fit import learner_done
 from zmqrl.wire import (
     BATCH,
     HELLO,
@@ -145,9 +146,8 @@ class Proxy:
 
     def _control(self, msg: Message) -> None:
         """``done`` in a model's meta from the current learner: the run is over."""
-        done = msg.meta.get("done")
-        current = msg.incarnation == self.versions.incarnation or self.versions.incarnation is None
-        if current and isinstance(done, str) and done and not self.finished:
+        done = learner_done(msg, self.versions)
+        if done and not self.finished:
             self.finished = done
             log.info("%s: the learner finished (%s); forwarding what is left, then stopping", self.name, done)
 
