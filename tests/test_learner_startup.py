@@ -23,11 +23,10 @@ import numpy as np
 import pytest
 import zmq
 
+from zmqrl.acting import make_task
 from zmqrl.config import Config
-from zmqrl.envs import spaces
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import free_port, read_json
-from zmqrl.acting import make_task
 from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner
 from zmqrl.wire import BATCH, MODEL, Limits, decode, encode
 
@@ -157,11 +156,14 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_al
                 assert adds == [3 * 64], f"three batches that arrived together were not one add: {adds}"
         time.sleep(0.3)
         assert learner.ingest(timeout=1.0) == 64
-        assert adds[1:] == [2 * 64, 64, 64, 64], adds  # joined, then each on its own: nan fails, good[3] goes in
-        assert learner.batches == 4 and learner.schema_rejected == 2 and len(learner.replay) == 4 * 64
+        assert adds[1:] == [2 * 64, 64, 64], adds  # joined, then each on its own: nan fails, good[3] goes in
+        # the wide batch never reaches replay: the batch spec refuses it first
+        assert learner.receiver.rejected["schema"] == 1 and learner.writer.rejected == 1
+        assert learner.batches == 4 and len(learner.replay) == 4 * 64
         stored = learner.replay.get(np.arange(4 * 64))
         np.testing.assert_array_equal(stored["obs"], np.concatenate([g["obs"] for g in good]))  # order kept
-        assert learner.per_actor["actor-0"]["transitions"] == 4 * 64
+        actor = learner.peers.actors.get("actor-0")
+        assert actor is not None and actor.transitions == 4 * 64
         assert learner.book.env_steps == 64 * 5  # from the stats of the newest batch that went in
     finally:
         learner._close()

@@ -308,16 +308,20 @@ def test_update_priorities_changes_frequencies() -> None:
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_non_finite_priorities_raise(bad: float) -> None:
+def test_non_finite_priorities_are_refused(bad: float) -> None:
+    """add refuses the whole batch; update_priorities skips the entry and keeps the old priority."""
     buf = PrioritizedReplay(4, seed=0)
     buf.add(make_batch(0, 2))
     before = buf.tree.leaves.copy()
     with pytest.raises(ValueError, match="NaN or inf"):
-        buf.update_priorities(np.array([0, 1]), np.array([1.0, bad]))
-    with pytest.raises(ValueError, match="NaN or inf"):
         buf.add(make_batch(2, 1), priorities=np.array([bad]))
     np.testing.assert_array_equal(buf.tree.leaves, before)
-    assert len(buf) == 2
+    assert len(buf) == 2 and buf.num_added == 2 and buf.priorities_rejected == 1
+    buf.update_priorities(np.array([0, 1]), np.array([4.0, bad]))
+    assert buf.priorities_rejected == 2 and buf.priorities_clamped == 0
+    assert buf.tree.get(np.array([0]))[0] == pytest.approx((4.0 + buf.eps) ** buf.alpha, rel=1e-6)
+    assert buf.tree.get(np.array([1]))[0] == before[1]
+    assert np.isfinite(buf.tree.total()) and buf.max_priority == pytest.approx((4.0 + buf.eps) ** buf.alpha)
     with pytest.raises(IndexError):
         buf.update_priorities(np.array([2]), np.array([1.0]))
 

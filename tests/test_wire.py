@@ -24,6 +24,7 @@ from zmqrl.wire import (
     STATS,
     Limits,
     Message,
+    PeerTable,
     RateLimitedLog,
     SequenceTracker,
     SocketOptions,
@@ -453,14 +454,43 @@ def test_sequence_tracker() -> None:
     json.dumps(stats)
 
 
-def test_sequence_tracker_forgets_oldest_sender() -> None:
+def test_sequence_tracker_refuses_new_senders_when_full_and_keeps_known_ones() -> None:
     tr = SequenceTracker(max_senders=2)
     tr.observe("a", "i", 0)
     tr.observe("b", "i", 0)
-    tr.observe("a", "i", 1)
-    tr.observe("c", "i", 0)
-    assert tr.sender("b") is None and tr.sender("a") is not None
-    assert tr.stats()["accepted"] == 4
+    for k in range(100):  # a flood of new names
+        assert tr.observe(f"rogue-{k}", "x", 0) == (False, 0)
+    assert tr.observe("a", "i", 1) == (True, 0) and tr.observe("b", "i", 1) == (True, 0)
+    assert tr.sender("a") is not None and tr.sender("rogue-0") is None
+    assert tr.stats()["accepted"] == 4 and tr.refused == 100
+
+
+def test_sequence_tracker_forgets_idle_senders_to_make_room() -> None:
+    tr = SequenceTracker(max_senders=2, idle_s=0.0)  # every known sender counts as idle
+    tr.observe("a", "i", 0)
+    tr.observe("b", "i", 0)
+    assert tr.observe("c", "i", 0) == (True, 0)
+    assert tr.sender("a") is None and tr.sender("c") is not None
+
+
+def test_peer_table_memory_is_flat_under_a_flood_of_names() -> None:
+    clock = [0.0]
+    table: PeerTable[dict[str, int]] = PeerTable(dict, max_peers=3, idle_s=60.0, clock=lambda: clock[0])
+    assert table.admit("actor-0") is not None
+    for k in range(10_000):
+        table.admit(f"junk-{k}")
+    assert len(table) == 3 and "actor-0" in table and table.refused == 10_000 - 2
+    assert len(table.refused_names) <= 8
+    clock[0] = 61.0  # every peer idle for a minute: forgotten, so the newcomer gets in
+    assert table.admit("actor-1") is not None and "actor-0" not in table
+    assert table.forgotten == 3 and len(table) == 1
+
+
+def test_rate_limited_log_keys_are_bounded() -> None:
+    rl = RateLimitedLog(logging.getLogger("test"), interval=60.0)
+    for k in range(5000):
+        rl.warn(f"schema-sender-{k}", "bad")
+    assert len(rl._last) <= RateLimitedLog.MAX_KEYS + 1
 
 
 def test_version_tracker() -> None:

@@ -44,7 +44,7 @@ def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, 
     stacked = any(w in STACKING_WRAPPERS for w in cfg.env.wrappers)
     frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1
     return make_replay(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, r.priority_eps,
-                       seed=cfg.run.seed + 7, frame_stack=frame_stack)
+                       seed=cfg.run.seed + 7, frame_stack=frame_stack, schema=spec)
 
 
 def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:

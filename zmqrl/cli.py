@@ -57,9 +57,11 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     net = cfg.net
-    return run_proxy(cfg, endpoint(args.bind, net.bind_host, net.proxy_port, "--bind"),
-                     endpoint(args.learner, net.learner_host, net.data_port, "--learner"),
-                     name=args.name, run_dir=args.run_dir)
+    learner = endpoint(args.learner, net.learner_host, net.data_port, "--learner")
+    host = learner.split("://", 1)[-1].rsplit(":", 1)[0]
+    return run_proxy(cfg, endpoint(args.bind, net.bind_host, net.proxy_port, "--bind"), learner,
+                     name=args.name, run_dir=args.run_dir,
+                     model_addr=endpoint(args.models, host, net.model_port, "--models"))
 
 
 def cmd_actor(args: argparse.Namespace) -> int:
@@ -68,8 +70,10 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     net = cfg.net
-    if not 0 <= args.id:
-        raise ConfigError(f"--id must be >= 0, got {args.id}")
+    if not 0 <= args.id < cfg.actor.num_actors:
+        raise ConfigError(f"--id {args.id} is outside 0..{cfg.actor.num_actors - 1}: ids run from 0 to "
+                          f"actor.num_actors - 1 (actor.num_actors={cfg.actor.num_actors}, the total over every "
+                          "host; set it with --set actor.num_actors=N)")
     return run_actor(cfg, args.id, endpoint(args.proxy, net.proxy_host, net.proxy_port, "--proxy"),
                      endpoint(args.learner, net.learner_host, net.model_port, "--learner"), run_dir=args.run_dir)
 
@@ -118,6 +122,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     _add_config_args(p)
     p.add_argument("--bind", metavar="ADDR", help=f"PULL that actors connect to; {addr_help}")
     p.add_argument("--learner", metavar="ADDR", help=f"the learner's data address; {addr_help}")
+    p.add_argument("--models", metavar="ADDR", help="the learner's model address, to hear when the run is "
+                                                    "over (default: the learner's host and net.model_port)")
     p.add_argument("--name", default="proxy", help="name in the learner's stats (one per proxy)")
     p.add_argument("--run-dir", help="where to write roles/NAME.json at exit (optional)")
     handlers["proxy"] = cmd_proxy

@@ -140,6 +140,8 @@ class NetConfig:
     republish_s: float = 2.0  # learner re-publishes the latest model at least this often
     stats_interval_s: float = 2.0  # roles report counters this often
     peer_wait_s: float = 0.0  # give up waiting for a peer after this; 0 waits forever
+    max_peers: int = 1024  # senders a learner or proxy keeps counters for; newcomers beyond are refused and counted
+    peer_idle_s: float = 600.0  # a sender silent this long may be forgotten to make room for a new one
     security: str = "none"  # none, or curve: CurveZMQ encryption plus a client-key allow-list on every socket
     keys_dir: str = ""  # directory of key files made by `zmqrl keygen` (needed for curve)
     server_key: str = "server"  # key pair that sockets which bind (learner, proxy) use: KEYS_DIR/NAME.key(_secret)
@@ -166,16 +168,17 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "net.security": ("none", "curve"),
 }
 _POSITIVE = {
-    "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.batch_size", "replay.capacity", "replay.beta_steps",
+    "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.batch_size", "replay.capacity",
+    "replay.beta_steps",
     "trainer.opt_interval", "trainer.max_opts", "trainer.eval_interval", "trainer.eval_episodes",
     "trainer.record_interval", "trainer.sync_interval", "actor.n_buffer", "actor.num_actors",
     "actor.send_hwm", "net.max_message_mb", "net.heartbeat_ms", "net.heartbeat_timeout_ms",
-    "net.republish_s", "net.stats_interval_s", "net.data_keepalive_s",
+    "net.republish_s", "net.stats_interval_s", "net.data_keepalive_s", "net.max_peers",
 }
 _UNIT_INTERVAL = {"agent.gamma", "replay.alpha", "replay.beta0", "actor.eps"}
 _NON_NEGATIVE = {"trainer.warmup", "trainer.save_interval", "trainer.max_seconds", "trainer.max_samples_per_insert",
                  "trainer.min_samples_per_insert", "actor.nice", "trainer.latest_interval_s", "actor.eps_alpha",
-                 "net.peer_wait_s"}
+                 "net.peer_wait_s", "net.peer_idle_s"}
 
 
 def _type_name(tp: Any) -> str:

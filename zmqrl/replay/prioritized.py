@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from zmqrl.replay.sumtree import SumTree
-from zmqrl.replay.uniform import UniformReplay
+from zmqrl.replay.sumtree import MAX_LEAF, SumTree
+from zmqrl.replay.uniform import Schema, UniformReplay
+
+PRIORITY_CAP = 1e6  # raw priorities (|TD error|) above this are stored as this; far above any real TD error
 
 
 class PrioritizedReplay(UniformReplay):
     """Ring-buffer replay sampling item ``i`` with probability ``p_i / sum(p)``.
 
-    Stored priorities are ``p_i = (|priority| + eps) ** alpha``. New items get the
-    running max of stored priorities (initially 1.0) unless ``add`` is given
-    priorities. Importance weights ``(N * P(i)) ** -beta`` are divided by the
-    largest possible weight (that of the smallest stored priority), so they lie
-    in ``(0, 1]``; ``beta`` anneals linearly from ``beta0`` to 1 over
-    ``beta_steps`` calls to ``sample``.
+    Stored priorities are ``p_i = (min(|priority|, priority_cap) + eps) ** alpha``. New items
+    get the running max of stored priorities (initially 1.0, never above the cap's stored
+    value ``leaf_cap``) unless ``add`` is given priorities. Importance weights
+    ``(N * P(i)) ** -beta`` are divided by the largest possible weight (that of the smallest
+    stored priority), so they lie in ``(0, 1]``; ``beta`` anneals linearly from ``beta0`` to 1
+    over ``beta_steps`` calls to ``sample``.
+
+    Priority policy, so that no batch and no TD error can break sampling: the sign of a
+    priority is ignored; magnitudes above ``priority_cap`` are clamped to it (counted in
+    ``priorities_clamped``), so the sum tree's leaves and total stay finite and exact; NaN and
+    inf are refused (counted in ``priorities_rejected``): ``add`` raises ``ValueError`` and
+    stores none of the batch, while ``update_priorities`` skips those entries, whose items
+    keep the priority they had. If every stored priority is zero (possible with ``eps=0``),
+    ``sample`` draws uniformly with unit weights.
     """
 
     def __init__(
@@ -31,8 +42,11 @@ class PrioritizedReplay(UniformReplay):
         eps: float = 1e-6,
         seed: int | None = None,
         frame_stack: int = 0,
+        *,
+        schema: Schema | None = None,
+        priority_cap: float = PRIORITY_CAP,
     ) -> None:
-        super().__init__(capacity, seed, frame_stack)
+        super().__init__(capacity, seed, frame_stack, schema=schema)
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         if not 0 <= beta0 <= 1:
@@ -41,13 +55,25 @@ class PrioritizedReplay(UniformReplay):
             raise ValueError(f"beta_steps must be >= 0, got {beta_steps}")
         if eps < 0:
             raise ValueError(f"eps must be >= 0, got {eps}")
+        if not 0 < priority_cap < math.inf:
+            raise ValueError(f"priority_cap must be positive and finite, got {priority_cap}")
         self.alpha = float(alpha)
         self.beta0 = float(beta0)
         self.beta_steps = int(beta_steps)
         self.eps = float(eps)
+        self.priority_cap = float(priority_cap)
+        try:
+            self.leaf_cap = (self.priority_cap + self.eps) ** self.alpha  # largest stored priority
+        except OverflowError:
+            self.leaf_cap = math.inf
+        if not self.leaf_cap <= MAX_LEAF:
+            raise ValueError(f"(priority_cap + eps) ** alpha = {self.leaf_cap:.3g} does not fit the sum tree's "
+                             f"float32 leaves; lower priority_cap ({priority_cap}) or alpha ({alpha})")
         self._tree = SumTree(capacity)
-        self._max_priority = 1.0  # running max of stored (post-alpha) priorities
+        self._max_priority = min(1.0, self.leaf_cap)  # running max of stored (post-alpha) priorities
         self._sample_calls = 0
+        self.priorities_rejected = 0  # NaN/inf priorities refused by add (with their batch) or update_priorities
+        self.priorities_clamped = 0  # priorities whose magnitude was clamped to priority_cap
 
     @property
     def tree(self) -> SumTree:
@@ -72,9 +98,17 @@ class PrioritizedReplay(UniformReplay):
         return super().nbytes + self._tree.nbytes
 
     def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
-        """Store a batch with max priority, or with the given raw ``priorities``."""
+        """Store a batch with max priority, or with the given raw ``priorities``.
+
+        NaN or inf among ``priorities`` raises ``ValueError`` and stores nothing.
+        """
         if priorities is not None:
-            _check_finite(priorities)
+            prio = np.asarray(priorities, dtype=np.float64).reshape(-1)
+            bad = int(prio.size - np.count_nonzero(np.isfinite(prio)))
+            if bad:
+                self.priorities_rejected += bad
+                raise ValueError(f"priorities must be finite: got {bad} NaN or inf of {prio.size}; batch not stored")
+            priorities = prio
         return super().add(batch, priorities)
 
     def _on_write(self, indices: np.ndarray, priorities: np.ndarray | None) -> None:
@@ -85,17 +119,26 @@ class PrioritizedReplay(UniformReplay):
         self._tree.update(indices, values)
 
     def _to_leaf(self, priorities: np.ndarray) -> np.ndarray:
-        """Map raw priorities to stored ones and update the running max."""
-        values = (np.abs(_check_finite(priorities)) + self.eps) ** self.alpha
+        """Map finite raw priorities to stored ones (clamped) and update the running max."""
+        magnitude = np.abs(priorities)
+        over = magnitude > self.priority_cap
+        if over.any():
+            self.priorities_clamped += int(np.count_nonzero(over))
+            magnitude = np.minimum(magnitude, self.priority_cap)
+        values = (magnitude + self.eps) ** self.alpha
         if values.size:
-            self._max_priority = max(self._max_priority, float(values.max()))
+            self._max_priority = min(max(self._max_priority, float(values.max())), self.leaf_cap)
         return values
 
     def sample(self, batch_size: int) -> dict[str, np.ndarray]:
         """Stratified proportional sample with normalised importance weights."""
         self._check_sample(batch_size)
-        beta = self.beta
         total = self._tree.total()
+        if not total > 0.0:  # every stored priority is zero: nothing to be proportional to
+            out = super().sample(batch_size)
+            self._sample_calls += 1
+            return out
+        beta = self.beta
         targets = (np.arange(batch_size) + self._rng.random(batch_size)) * (total / batch_size)
         indices = self._tree.find(targets)
         p_min = self._tree.min_positive()
@@ -107,13 +150,21 @@ class PrioritizedReplay(UniformReplay):
         return out
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        """Set raw priorities (e.g. |TD error|) for previously sampled indices."""
+        """Set raw priorities (e.g. |TD error|) for previously sampled indices.
+
+        NaN and inf entries are skipped (their items keep their priority) and counted in
+        ``priorities_rejected``; mismatched lengths and indices out of range raise.
+        """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         prio = np.asarray(priorities, dtype=np.float64).reshape(-1)
         if idx.shape != prio.shape:
             raise ValueError(f"got {idx.size} indices but {prio.size} priorities")
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"indices must lie in [0, {len(self)})")
+        finite = np.isfinite(prio)
+        if not finite.all():
+            self.priorities_rejected += int(prio.size - np.count_nonzero(finite))
+            idx, prio = idx[finite], prio[finite]
         self._tree.update(idx, self._to_leaf(prio))
 
     def state_dict(self) -> dict[str, Any]:
@@ -126,17 +177,31 @@ class PrioritizedReplay(UniformReplay):
         )
         return d
 
-    def load_state_dict(self, d: Mapping[str, Any]) -> None:
-        """Restore state written by ``state_dict`` (the tree comes with ``load``)."""
-        super().load_state_dict(d)
-        self._sample_calls = int(d["sample_calls"])
-        self._max_priority = float(d["max_priority"])
-        self._tree.max_value = float(d["tree_max"])
+    def _check_state(self, d: Mapping[str, Any]) -> dict[str, Any]:
+        """Also the sample calls and max priority; a max above ``leaf_cap`` is lowered to it."""
+        s = super()._check_state(d)
+        sample_calls, max_priority, tree_max = int(d["sample_calls"]), float(d["max_priority"]), float(d["tree_max"])
+        if sample_calls < 0:
+            raise ValueError(f"sample_calls must be >= 0, got {sample_calls}")
+        if not 0 < max_priority < math.inf or not 0 <= tree_max < math.inf:
+            raise ValueError(f"max_priority ({max_priority}) must be positive and tree_max ({tree_max}) "
+                             "non-negative, both finite")
+        s.update(sample_calls=sample_calls, max_priority=min(max_priority, self.leaf_cap),
+                 tree_max=min(tree_max, self.leaf_cap))
+        return s
+
+    def _apply_state(self, s: Mapping[str, Any]) -> None:
+        """Restore state checked by ``_check_state`` (the tree comes with ``load``)."""
+        super()._apply_state(s)
+        self._sample_calls = s["sample_calls"]
+        self._max_priority = s["max_priority"]
+        self._tree.max_value = s["tree_max"]
 
     def _extra_arrays(self) -> dict[str, np.ndarray]:
         return {"priorities": self._tree.leaves}
 
-    def _load_extra_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+    def _stage_extra(self, arrays: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> dict[str, Any]:
+        """The file's priorities, checked: finite, non-negative, zero beyond the stored items."""
         if "priorities" in arrays:
             leaves = arrays["priorities"]
         elif "tree" in arrays:  # files written before the two-level tree: a binary tree, leaves at the end
@@ -147,13 +212,15 @@ class PrioritizedReplay(UniformReplay):
             leaves = tree[num_leaves : num_leaves + self.capacity]
         else:
             raise ValueError("no 'priorities' array in the replay file")
-        if leaves.shape != (self.capacity,):
-            raise ValueError(f"priorities: expected shape {(self.capacity,)}, got {leaves.shape}")
-        self._tree.load_leaves(leaves)
+        if leaves.shape != (self.capacity,) or leaves.dtype.kind != "f":
+            raise ValueError(f"priorities: expected {(self.capacity,)} floats, got {leaves.shape} {leaves.dtype}")
+        leaves = leaves.astype(np.float64)
+        if not np.all((leaves >= 0) & (leaves < math.inf)):
+            raise ValueError("priorities must be finite and non-negative")
+        if np.any(leaves[state["size"] :] != 0):
+            raise ValueError(f"priorities: non-zero priority beyond the {state['size']} stored items")
+        # Files written before priorities were capped may hold larger values: lower them to the cap.
+        return {"leaves": np.minimum(leaves, self.leaf_cap)}
 
-
-def _check_finite(priorities: np.ndarray) -> np.ndarray:
-    p = np.asarray(priorities, dtype=np.float64).reshape(-1)
-    if not np.all(np.isfinite(p)):
-        raise ValueError("priorities must be finite: got NaN or inf")
-    return p
+    def _commit_extra(self, extra: Mapping[str, Any]) -> None:
+        self._tree.load_leaves(extra["leaves"])

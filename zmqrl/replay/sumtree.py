@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 MAX_BLOCK = 256  # leaves per block; a sample touches one block per draw
+MAX_LEAF = float(np.finfo(np.float32).max)  # largest leaf value: larger ones would be stored as inf
 
 
 class SumTree:
@@ -15,6 +16,9 @@ class SumTree:
     block, where a binary float64 tree with a min tree costs 32 bytes per item (more after
     rounding up to a power of two), which for small items such as CartPole transitions is more
     than the items themselves. A search walks the cumulative block sums, then one block.
+
+    Values must lie in ``[0, MAX_LEAF]``: NaN, inf and what float32 cannot hold raise
+    ``ValueError``, so no leaf becomes inf and every sum stays finite.
     """
 
     def __init__(self, capacity: int, block: int | None = None) -> None:
@@ -31,7 +35,7 @@ class SumTree:
         # Min over positive leaves per block (zero leaves count as +inf), so that the smallest
         # priority (for importance-weight normalisation) needs no O(N) scan.
         self.block_mins = np.full(self.num_blocks, np.inf)
-        self.max_value = 0.0  # running max of every value written
+        self.max_value = 0.0  # running max of every value written, as stored (float32)
 
     @property
     def leaves(self) -> np.ndarray:
@@ -55,14 +59,13 @@ class SumTree:
 
     def load_leaves(self, values: np.ndarray) -> None:
         """Replace every leaf at once (from a checkpoint) and recompute the blocks."""
-        vals = np.asarray(values).reshape(-1)
+        vals = np.asarray(values, dtype=np.float64).reshape(-1)
         if vals.shape != (self.capacity,):
             raise ValueError(f"expected {self.capacity} leaf values, got {vals.size}")
-        if not np.all(np.isfinite(vals)) or np.any(vals < 0):
-            raise ValueError("leaf values must be finite and non-negative")
+        _check_values(vals)
         self._leaves[: self.capacity] = vals
         self._refresh(np.arange(self.num_blocks))
-        self.max_value = max(self.max_value, float(vals.max()))
+        self.max_value = max(self.max_value, float(np.float32(vals.max())))
 
     def get(self, indices: np.ndarray) -> np.ndarray:
         """Leaf values at ``indices`` (float64)."""
@@ -76,12 +79,11 @@ class SumTree:
             raise ValueError(f"got {idx.size} indices but {vals.size} values")
         if idx.size == 0:
             return
-        if not np.all(np.isfinite(vals)) or np.any(vals < 0):
-            raise ValueError("values must be finite and non-negative")
+        _check_values(vals)
         # np.unique keeps the first occurrence, so search the reversed arrays.
         nodes, last = np.unique(idx[::-1], return_index=True)
         self._leaves[nodes] = vals[::-1][last]
-        self.max_value = max(self.max_value, float(vals.max()))
+        self.max_value = max(self.max_value, float(np.float32(vals.max())))
         self._refresh(np.unique(nodes >> self._shift))
 
     def _refresh(self, blocks: np.ndarray) -> None:
@@ -122,3 +124,9 @@ class SumTree:
         if idx.size and (idx.min() < 0 or idx.max() >= self.capacity):
             raise IndexError(f"indices must lie in [0, {self.capacity})")
         return idx
+
+
+def _check_values(vals: np.ndarray) -> None:
+    # One pass: NaN fails both comparisons, inf and float32 overflow the second.
+    if not np.all((vals >= 0.0) & (vals <= MAX_LEAF)):
+        raise ValueError(f"leaf values must be finite, non-negative and at most {MAX_LEAF:.4g} (float32)")

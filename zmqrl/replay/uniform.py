@@ -4,26 +4,52 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from typing import Any
+import zipfile
+import zlib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from zmqrl.replay.frames import FramePool
+
+Schema = Mapping[str, tuple[npt.DTypeLike, tuple[int, ...]]]  # key -> (dtype, per-item shape)
+_Layout = dict[str, tuple[tuple[int, ...], np.dtype]]  # the stored form: key -> (per-item shape, dtype)
 
 RESERVED_KEYS = ("indices", "weights")
 FRAME_KEYS = ("obs", "next_obs")  # image keys whose frames go to the shared frame pool
 _STATE_KEY = "state"
+_STAMP_KEY = "stamp"
 _STORAGE_PREFIX = "storage:"
 _REFS_PREFIX = "frame_refs:"
 _FRAMES_KEY = "frames"
+_READ_CHUNK = 1 << 24  # bytes read from a file at a time
+# What reading a damaged or foreign file can raise; ``load`` reports each as one ValueError naming the file.
+_FILE_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError,
+                RuntimeError, MemoryError, zipfile.BadZipFile, zlib.error)
+
+
+@dataclass
+class _Staged:
+    """The checked contents of a replay file, ready to replace a replay's own."""
+
+    state: dict[str, Any]
+    schema: _Layout
+    storage: dict[str, np.ndarray]
+    refs: dict[str, np.ndarray]
+    frames: np.ndarray | None
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class UniformReplay:
     """Fixed-capacity FIFO replay; samples stored items uniformly with replacement.
 
-    Storage is allocated on the first ``add`` from the keys, per-item shapes and
-    dtypes of that batch; every later batch must match that schema exactly.
+    With a ``schema`` (key -> (dtype, per-item shape)) storage is allocated at construction and
+    the schema never changes: a batch, or a file given to ``load``, with other keys, dtypes or
+    per-item shapes raises ``ValueError`` and leaves the replay as it was. Without one, the
+    first ``add`` fixes the schema from that batch; every later batch must match it exactly.
 
     With ``frame_stack`` >= 1, uint8 image observations (``obs`` and ``next_obs`` with at
     least two dimensions per item) are split into frames, ``frame_stack`` of them stacked
@@ -32,14 +58,16 @@ class UniformReplay:
     holds int32 frame slots for them. ``get`` and ``sample`` return the same arrays either way.
     """
 
-    def __init__(self, capacity: int, seed: int | None = None, frame_stack: int = 0) -> None:
+    def __init__(self, capacity: int, seed: int | None = None, frame_stack: int = 0, *,
+                 schema: Schema | None = None) -> None:
         if int(capacity) < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if int(frame_stack) < 0:
             raise ValueError(f"frame_stack must be >= 0, got {frame_stack}")
         self._capacity = int(capacity)
         self._frame_stack = int(frame_stack)
-        self._schema: dict[str, tuple[tuple[int, ...], np.dtype]] = {}  # key -> per-item shape, dtype
+        self._schema: _Layout = {}
+        self._fixed = schema is not None  # schema given at construction: files must match it too
         self._storage: dict[str, np.ndarray] = {}  # ring arrays of the keys stored as given
         self._frame_refs: dict[str, np.ndarray] = {}  # ring arrays of frame slots, (capacity, frames)
         self._pool: FramePool | None = None
@@ -47,6 +75,9 @@ class UniformReplay:
         self._size = 0  # number of filled slots
         self._added = 0  # items ever added (including dropped oversize items)
         self._rng = np.random.default_rng(seed)
+        if schema is not None:
+            self._schema = _parse_schema(schema)
+            self._allocate()
 
     # ------------------------------------------------------------------ basics
     def __len__(self) -> int:
@@ -63,8 +94,13 @@ class UniformReplay:
         return self._added
 
     @property
+    def schema(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """Key -> (dtype, per-item shape) of stored items; empty until known (first ``add`` without a schema)."""
+        return {k: (dtype, shape) for k, (shape, dtype) in self._schema.items()}
+
+    @property
     def nbytes(self) -> int:
-        """Bytes of item storage (0 before the first ``add``): ring arrays plus frames in use."""
+        """Bytes of item storage (0 before storage is allocated): ring arrays plus frames in use."""
         ring = sum(a.nbytes for a in self._storage.values()) + sum(a.nbytes for a in self._frame_refs.values())
         return ring + (self._pool.nbytes if self._pool is not None else 0)
 
@@ -87,7 +123,8 @@ class UniformReplay:
             if prio.shape[0] != n:
                 raise ValueError(f"priorities has length {prio.shape[0]}, batch has {n}")
         if not self._schema:
-            self._allocate(arrays)
+            self._schema = {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}
+            self._allocate()
         if n > self._capacity:
             arrays = {k: v[n - self._capacity :] for k, v in arrays.items()}
             prio = None if prio is None else prio[n - self._capacity :]
@@ -142,22 +179,11 @@ class UniformReplay:
             raise ValueError(f"all keys need the same leading length, got {lengths}")
         n = next(iter(lengths.values()))
         if self._schema:
-            missing = sorted(set(self._schema) - set(arrays))
-            extra = sorted(set(arrays) - set(self._schema))
-            if missing:
-                raise ValueError(f"batch is missing key {missing[0]!r} (expected keys {sorted(self._schema)})")
-            if extra:
-                raise ValueError(f"batch has unexpected key {extra[0]!r} (expected keys {sorted(self._schema)})")
-            for key, arr in arrays.items():
-                shape, dtype = self._schema[key]
-                if arr.shape[1:] != shape:
-                    raise ValueError(f"key {key!r}: expected per-item shape {shape}, got {arr.shape[1:]}")
-                if arr.dtype != dtype:
-                    raise ValueError(f"key {key!r}: expected dtype {dtype}, got {arr.dtype}")
+            _match_schema(self._schema, {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}, "batch")
         return arrays, n
 
-    def _allocate(self, arrays: Mapping[str, np.ndarray]) -> None:
-        self._schema = {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}
+    def _allocate(self) -> None:
+        """Zeroed ring storage (and an empty frame pool) for the schema."""
         frame_keys = self._frame_layout()
         self._storage = {k: np.zeros((self._capacity, *shape), dtype=dtype)
                          for k, (shape, dtype) in self._schema.items() if k not in frame_keys}
@@ -181,7 +207,7 @@ class UniformReplay:
     def _use_frames(self, keys: list[str], per_item: int, reserve: int) -> None:
         """An empty frame pool and zeroed slot rings for ``keys``, ``per_item`` frames per item."""
         shape, dtype = self._schema[keys[0]]
-        self._pool = FramePool(shape[1:] if per_item > 1 else shape, dtype, reserve)
+        self._pool = FramePool(_frame_shape(shape, per_item), dtype, reserve)
         self._frame_refs = {k: np.zeros((self._capacity, per_item), dtype=np.int32) for k in keys}
 
     # ------------------------------------------------------------------ reading
@@ -226,69 +252,284 @@ class UniformReplay:
         }
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
-        """Restore counters and RNG state written by ``state_dict``."""
+        """Restore counters and RNG state written by ``state_dict``; inconsistent values raise first."""
+        self._apply_state(self._check_state(d))
+
+    def _check_state(self, d: Mapping[str, Any]) -> dict[str, Any]:
+        """The values of a ``state_dict`` checked and normalised, without changing anything."""
         if int(d["capacity"]) != self._capacity:
             raise ValueError(f"capacity mismatch: replay has {self._capacity}, state has {d['capacity']}")
-        self._ptr = int(d["ptr"])
-        self._size = int(d["size"])
-        self._added = int(d["added"])
-        self._rng.bit_generator.state = dict(d["rng"])
+        ptr, size, added = int(d["ptr"]), int(d["size"]), int(d["added"])
+        # The ring fills from slot 0, so until it is full the next slot is the size.
+        if not (0 <= ptr < self._capacity and 0 <= size <= self._capacity and (size == self._capacity or ptr == size)
+                and added >= size):
+            raise ValueError(f"inconsistent counters ptr={ptr} size={size} added={added} "
+                             f"for capacity {self._capacity}")
+        rng = dict(d["rng"])
+        type(self._rng.bit_generator)().state = rng  # raises on a state this generator cannot take
+        return {"capacity": self._capacity, "ptr": ptr, "size": size, "added": added, "rng": rng}
+
+    def _apply_state(self, s: Mapping[str, Any]) -> None:
+        """Set the values returned by ``_check_state``."""
+        self._ptr, self._size, self._added = s["ptr"], s["size"], s["added"]
+        self._rng.bit_generator.state = s["rng"]
 
     def _extra_arrays(self) -> dict[str, np.ndarray]:
         """Hook for subclasses: extra arrays to include in ``save``."""
         return {}
 
-    def _load_extra_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Hook for subclasses: restore arrays written by ``_extra_arrays``."""
+    def _stage_extra(self, arrays: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> dict[str, Any]:
+        """Hook for subclasses: check the arrays written by ``_extra_arrays``; raise if they do not fit."""
+        return {}
 
-    def save(self, path: str) -> None:
-        """Write all storage and state to a single ``.npz`` file at exactly ``path``."""
+    def _commit_extra(self, extra: Mapping[str, Any]) -> None:
+        """Hook for subclasses: take the values returned by ``_stage_extra``."""
+
+    def save(self, path: str, stamp: Mapping[str, Any] | None = None) -> None:
+        """Write all storage and state to a single ``.npz`` file at exactly ``path``.
+
+        ``stamp`` is small JSON-serialisable metadata (e.g. the optimisation step of the
+        checkpoint the file belongs to), returned by ``load`` and by :func:`read_stamp`.
+        """
+        arrays = {}
+        if stamp is not None:
+            arrays[_STAMP_KEY] = _encode_json(dict(stamp), "stamp", strict=True)
         frames = {k: [list(shape), dtype.str] for k, (shape, dtype) in self._schema.items() if k in self._frame_refs}
-        state = json.dumps({**self.state_dict(), "frame_schema": frames}).encode("utf-8")
-        arrays = {_STORAGE_PREFIX + k: v for k, v in self._storage.items()}
+        arrays.update({_STORAGE_PREFIX + k: v for k, v in self._storage.items()})
         arrays.update({_REFS_PREFIX + k: v for k, v in self._frame_refs.items()})
         if self._pool is not None:
             arrays[_FRAMES_KEY] = self._pool.frames[: self._pool.high]
         arrays.update(self._extra_arrays())
-        arrays[_STATE_KEY] = np.frombuffer(state, dtype=np.uint8)
+        arrays[_STATE_KEY] = _encode_json({**self.state_dict(), "frame_schema": frames}, "state")
         tmp = f"{path}.tmp"
         with open(tmp, "wb") as f:
             np.savez(f, allow_pickle=False, **arrays)
         os.replace(tmp, path)
 
-    def load(self, path: str) -> None:
-        """Replace storage and state with the contents of a file written by ``save``."""
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
-        state = json.loads(arrays.pop(_STATE_KEY).tobytes().decode("utf-8"))
-        frame_schema = {k: (tuple(shape), np.dtype(dtype))
-                        for k, (shape, dtype) in state.pop("frame_schema", {}).items()}
-        storage = {
-            name[len(_STORAGE_PREFIX) :]: arrays.pop(name) for name in list(arrays) if name.startswith(_STORAGE_PREFIX)
-        }
-        refs = {name[len(_REFS_PREFIX) :]: arrays.pop(name) for name in list(arrays) if name.startswith(_REFS_PREFIX)}
+    def load(self, path: str) -> dict[str, Any]:
+        """Replace storage and state with the contents of a file written by ``save``; return its stamp.
+
+        The stamp is ``{}`` for a file saved without one. A file that cannot be read back whole
+        and consistent (truncated, not an ``.npz``, arrays missing or of the wrong shape or dtype,
+        another capacity, or another schema than one fixed at construction) raises ``ValueError``
+        naming ``path``, and the replay is left as it was.
+        """
+        try:
+            arrays = _read_npz(path)
+            stamp = _decode_stamp(arrays.pop(_STAMP_KEY, None))
+            staged = self._stage(arrays)
+        except _FILE_ERRORS as exc:
+            raise ValueError(f"{path}: unreadable replay file: {_describe(exc)}") from None
+        self._apply_state(staged.state)
+        self._schema = staged.schema
+        self._storage = staged.storage
+        self._frame_refs, self._pool = {}, None
+        if staged.refs:
+            assert staged.frames is not None
+            self._load_frames(staged.refs, staged.frames)
+        self._commit_extra(staged.extra)
+        return stamp
+
+    def _stage(self, arrays: dict[str, np.ndarray]) -> _Staged:
+        """Check every array and value of a replay file against this replay; change nothing."""
+        if _STATE_KEY not in arrays:
+            raise ValueError(f"no {_STATE_KEY!r} array")
+        state = _decode_json(arrays.pop(_STATE_KEY), _STATE_KEY)
+        if not isinstance(state, dict):
+            raise ValueError(f"{_STATE_KEY!r} is not a JSON object")
+        frame_schema = _parse_frame_schema(state.pop("frame_schema", {}))
+        checked = self._check_state(state)
+        storage = {n[len(_STORAGE_PREFIX) :]: arrays.pop(n) for n in list(arrays) if n.startswith(_STORAGE_PREFIX)}
+        refs = {n[len(_REFS_PREFIX) :]: arrays.pop(n) for n in list(arrays) if n.startswith(_REFS_PREFIX)}
         for key, arr in {**storage, **refs}.items():
             if arr.shape[:1] != (self._capacity,):
                 raise ValueError(f"key {key!r}: stored length {arr.shape[:1]} != capacity {self._capacity}")
-        if sorted(refs) != sorted(frame_schema):
+            if key in RESERVED_KEYS:
+                raise ValueError(f"key {key!r} is reserved for sample() output")
+        if sorted(refs) != sorted(frame_schema) or set(refs) & set(storage):
             raise ValueError(f"frame keys {sorted(refs)} do not match the file's frame schema {sorted(frame_schema)}")
+        schema = {**{k: (tuple(a.shape[1:]), a.dtype) for k, a in storage.items()}, **frame_schema}
+        if self._fixed:
+            _match_schema(self._schema, schema, "file")
         frames = arrays.pop(_FRAMES_KEY, None)
-        self.load_state_dict(state)
-        self._schema = {**{k: (tuple(a.shape[1:]), a.dtype) for k, a in storage.items()}, **frame_schema}
-        self._storage = storage
-        self._frame_refs, self._pool = {}, None
         if refs:
-            self._load_frames(refs, frames)
-        self._load_extra_arrays(arrays)
+            frames = self._check_frames(refs, frame_schema, frames, checked["size"])
+        return _Staged(checked, schema, storage, refs, frames, self._stage_extra(arrays, checked))
 
-    def _load_frames(self, refs: Mapping[str, np.ndarray], frames: np.ndarray | None) -> None:
+    def _check_frames(self, refs: Mapping[str, np.ndarray], frame_schema: _Layout,
+                      frames: np.ndarray | None, size: int) -> np.ndarray:
+        """Check a file's frame slots and frames; return the frames."""
         if frames is None:
             raise ValueError("the file has frame slots but no frames")
+        if len(set(frame_schema.values())) != 1:
+            raise ValueError(f"frame keys {sorted(frame_schema)} differ in shape or dtype")
+        shape, dtype = next(iter(frame_schema.values()))
+        per_item = {r.shape[1] if r.ndim == 2 else -1 for r in refs.values()}
+        if len(per_item) != 1 or not all(np.issubdtype(r.dtype, np.integer) for r in refs.values()):
+            raise ValueError("frame slots: expected one integer (capacity, frames per item) array per frame key")
+        n = per_item.pop()
+        if not (n == 1 or (len(shape) >= 2 and n == shape[0])):
+            raise ValueError(f"frame slots: {n} frames per item do not fit items of shape {shape}")
+        frame_shape = _frame_shape(shape, n)
+        if frames.shape[1:] != frame_shape or frames.dtype != dtype:
+            raise ValueError(f"frames: expected {frame_shape} {dtype}, got {frames.shape[1:]} {frames.dtype}")
+        live = np.concatenate([r[:size].reshape(-1) for r in refs.values()])
+        if live.size and (live.min() < 0 or live.max() >= frames.shape[0]):
+            raise ValueError(f"frame slots point outside the {frames.shape[0]} stored frames")
+        return frames
+
+    def _load_frames(self, refs: Mapping[str, np.ndarray], frames: np.ndarray) -> None:
         self._use_frames(list(refs), next(iter(refs.values())).shape[1], reserve=max(frames.shape[0], 1))
         assert self._pool is not None
         live = np.concatenate([r[: self._size].reshape(-1) for r in refs.values()]).astype(np.int64)
-        if live.size and (live.min() < 0 or live.max() >= frames.shape[0]):
-            raise ValueError(f"frame slots point outside the {frames.shape[0]} stored frames")
         refcount = np.bincount(live, minlength=frames.shape[0]).astype(np.int32)
         self._pool.load(frames, refcount)
         self._frame_refs = {k: np.ascontiguousarray(r, dtype=np.int32) for k, r in refs.items()}
+
+
+def read_stamp(path: str) -> dict[str, Any]:
+    """The stamp saved with a replay file (``{}`` if none); reads only that, not the items.
+
+    Raises ``ValueError`` naming ``path`` when the file is not a readable replay file.
+    """
+    try:
+        arrays = _read_npz(path, only={_STAMP_KEY, _STATE_KEY})
+        if _STATE_KEY not in arrays:
+            raise ValueError(f"no {_STATE_KEY!r} array")
+        return _decode_stamp(arrays.get(_STAMP_KEY))
+    except _FILE_ERRORS as exc:
+        raise ValueError(f"{path}: unreadable replay file: {_describe(exc)}") from None
+
+
+# ---------------------------------------------------------------------- helpers
+def _parse_schema(schema: Mapping[str, Any], allow_empty: bool = False) -> _Layout:
+    """``{key: (dtype, per-item shape)}`` as ``{key: (shape, np.dtype)}``, checked."""
+    if not schema and not allow_empty:
+        raise ValueError("schema must name at least one key")
+    out: _Layout = {}
+    for key, spec in schema.items():
+        if not isinstance(key, str) or key in RESERVED_KEYS:
+            raise ValueError(f"schema key {key!r}: keys must be strings other than {RESERVED_KEYS}")
+        try:
+            dtype_like, shape_like = spec
+            dtype = np.dtype(dtype_like)
+            shape = tuple(int(d) for d in shape_like)
+        except (TypeError, ValueError):
+            raise ValueError(f"schema key {key!r}: expected (dtype, per-item shape), got {spec!r}") from None
+        if dtype.hasobject or any(d < 0 for d in shape):
+            raise ValueError(f"schema key {key!r}: expected a plain dtype and non-negative dims, got {spec!r}")
+        out[key] = (shape, dtype)
+    return out
+
+
+def _parse_frame_schema(raw: Any) -> _Layout:
+    """The ``frame_schema`` of a file's state: ``{key: [shape, dtype string]}``."""
+    try:
+        return _parse_schema({k: (dtype, shape) for k, (shape, dtype) in raw.items()}, allow_empty=True)
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f"frame_schema: expected {{key: [shape, dtype]}}, got {str(raw)[:80]}") from None
+
+
+def _match_schema(expected: _Layout, got: _Layout, what: str) -> None:
+    """Raise ``ValueError`` naming the first key whose presence, dtype or per-item shape differs."""
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    if missing:
+        raise ValueError(f"{what} is missing key {missing[0]!r} (expected keys {sorted(expected)})")
+    if extra:
+        raise ValueError(f"{what} has unexpected key {extra[0]!r} (expected keys {sorted(expected)})")
+    for key, (shape, dtype) in got.items():
+        want_shape, want_dtype = expected[key]
+        if shape != want_shape:
+            raise ValueError(f"key {key!r}: expected per-item shape {want_shape}, got {shape}")
+        if dtype != want_dtype:
+            raise ValueError(f"key {key!r}: expected dtype {want_dtype}, got {dtype}")
+
+
+def _frame_shape(item_shape: tuple[int, ...], per_item: int) -> tuple[int, ...]:
+    """Shape of one stored frame of items of ``item_shape`` split into ``per_item`` frames."""
+    return item_shape[1:] if per_item > 1 else item_shape
+
+
+def _encode_json(value: Any, name: str, strict: bool = False) -> np.ndarray:
+    try:
+        text = json.dumps(value, allow_nan=not strict)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be JSON-serialisable: {exc}") from None
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+def _decode_json(arr: np.ndarray, name: str) -> Any:
+    if arr.dtype != np.uint8 or arr.ndim != 1:
+        raise ValueError(f"{name!r}: expected 1-D uint8 JSON bytes, got {arr.dtype} {arr.shape}")
+    return json.loads(arr.tobytes().decode("utf-8"))
+
+
+def _decode_stamp(arr: np.ndarray | None) -> dict[str, Any]:
+    if arr is None:
+        return {}
+    stamp = _decode_json(arr, _STAMP_KEY)
+    if not isinstance(stamp, dict):
+        raise ValueError(f"{_STAMP_KEY!r} is not a JSON object")
+    return stamp
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an error raised while reading a file."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else "no detail"
+    if isinstance(exc, KeyError):
+        return f"missing {text}"
+    if isinstance(exc, zipfile.BadZipFile):
+        return f"not a complete .npz archive (truncated or another kind of file): {text}"
+    return text if type(exc) is ValueError else f"{type(exc).__name__}: {text}"
+
+
+def _read_npz(path: str, only: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file (those named in ``only``, if given), read without pickles.
+
+    Each array's header is checked against the bytes the archive holds for it before any
+    memory is allocated, so a damaged header fails cleanly instead of asking for terabytes.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if not info.filename.endswith(".npy"):
+                raise ValueError(f"unexpected member {info.filename!r} (not an .npy array)")
+            name = info.filename[: -len(".npy")]
+            if name in arrays:
+                raise ValueError(f"array {name!r} appears twice")
+            if only is None or name in only:
+                with zf.open(info) as f:
+                    arrays[name] = _read_npy(f, info.file_size, name)
+    return arrays
+
+
+def _read_npy(f: IO[bytes], size: int, name: str) -> np.ndarray:
+    fmt = np.lib.format
+    version = fmt.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = fmt.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = fmt.read_array_header_2_0(f)
+    else:
+        raise ValueError(f"array {name!r}: unsupported .npy format version {version}")
+    if dtype.hasobject:
+        raise ValueError(f"array {name!r}: object arrays are not replay data")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    nbytes = count * dtype.itemsize
+    if nbytes != size - f.tell():
+        raise ValueError(f"array {name!r}: header says {shape} {dtype} ({nbytes} bytes), "
+                         f"the file holds {size - f.tell()} bytes for it")
+    flat = np.empty(count, dtype=dtype)
+    view = flat.view(np.uint8) if nbytes else np.zeros(0, np.uint8)
+    pos = 0
+    while pos < nbytes:
+        chunk = f.read(min(_READ_CHUNK, nbytes - pos))
+        if not chunk:
+            raise ValueError(f"array {name!r}: data ends after {pos} of {nbytes} bytes")
+        view[pos : pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+        pos += len(chunk)
+    if f.read(1):  # also makes the archive check the member's CRC
+        raise ValueError(f"array {name!r}: trailing bytes after the data")
+    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)

@@ -29,16 +29,21 @@ from zmqrl.acting import ActingLoop, make_task
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
+from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, misfit, parameter_misfit, task_signature
 from zmqrl.wire import (
     MODEL,
+    SUPPORTED_VERSIONS,
     BatchEncoder,
     Message,
     RateLimitedLog,
     SocketOptions,
     VersionTracker,
+    WireError,
     drain_latest_model,
+    encode_hello,
     make_socket,
     new_incarnation,
+    send_frames,
 )
 from zmqrl.wire.monitor import LinkMonitor
 
@@ -109,6 +114,7 @@ class Actor:
         self.seed = cfg.run.seed + 1000 * (index + 1)
         seed_everything(self.seed)
         task = make_task(cfg)
+        self.signature = task_signature(task)
         self.policy = task.policy(self.seed, backend=cfg.actor.backend)
         self.exploration = task.exploration(index)
         self.loop = ActingLoop(cfg, self.policy, self.exploration, self.seed)
@@ -139,21 +145,26 @@ class Actor:
         self._flush_at = 0.0  # monotonic time from which ready batches go out (SEND_LINGER_S after a send)
         self.send_linger_s = SEND_LINGER_S  # 0: every batch goes out before the next env step
         self._hold = False  # paused by the learner or cut off from it: step no further for now
+        self.finished = ""  # the learner's stop reason once it said the run is over
+        self.refused = ""  # why this actor cannot act for the learner (a config mismatch): exit 2
 
     # --- models -----------------------------------------------------------------------------
     def _take_newest_model(self) -> bool:
-        msg, bad = drain_latest_model(self.sub, self.versions, self.model_limits, observe=self._control)
+        msg, bad = drain_latest_model(self.sub, self.versions, self.model_limits, observe=self._control,
+                                      on_error=self._wire_error)
         self.stats.bad_models += bad
         if bad:
             self.ratelog.warn("bad-model", f"{self.name}: dropped {bad} bad message(s) from {self.model_addr}")
-        if msg is None:
+        if msg is None or self.refused:
             return False
-        try:
-            self.policy.load_params(msg.arrays)
-        except ValueError as exc:
-            self.stats.bad_models += 1
-            self.ratelog.warn("mismatch", f"{self.name}: model version {msg.version} from {self.model_addr} "
-                                          f"does not fit this config's network: {exc}")
+        problem = misfit(self.signature, msg.meta.get("task"))
+        if problem is None:
+            try:
+                self.policy.load_params(msg.arrays)
+            except ValueError as exc:
+                problem = parameter_misfit(self.signature, msg.meta.get("task"), exc)
+        if problem is not None:
+            self._refuse(f"the learner's model (version {msg.version}) does not fit this config: {problem}")
             return False
         self.version = msg.version
         if self._versions is not None:
@@ -163,16 +174,38 @@ class Actor:
         return True
 
     def _control(self, msg: Message) -> None:
-        """The learner's rate limiter: ``pause`` in model meta asks actors to stop stepping."""
+        """Control fields in model meta: ``pause`` (the learner's rate limiter asks actors to stop
+        stepping) and ``done`` (the run is over: finish)."""
         if msg.incarnation == self.versions.incarnation or self.versions.incarnation is None:
             self.paused = msg.meta.get("pause") is True
+            done = msg.meta.get("done")
+            if isinstance(done, str) and done and not self.finished:
+                self.finished = done
+                log.info("%s: the learner finished (%s); stopping", self.name, done)
+
+    def _wire_error(self, exc: WireError) -> None:
+        if exc.reason == "version":
+            self._refuse(f"the learner at {self.model_addr} speaks another protocol version ({exc}); this zmqrl "
+                         f"speaks {sorted(SUPPORTED_VERSIONS)}: run the same zmqrl version on every host")
+
+    def _refuse(self, reason: str) -> None:
+        """A config or version mismatch: tell the learner (through the proxy), log it, and stop (exit 2)."""
+        if self.refused:
+            return
+        self.refused = reason
+        log.error("%s: %s", self.name, reason)
+        try:
+            send_frames(self.push, encode_hello(self.name, self.incarnation, self.seq, {"refused_model": reason}),
+                        flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the proxy is not taking messages; the log line above still says it
 
     def wait_for_model(self, stop: StopFlag) -> bool:
         """Block until the first model arrives (or stop); logs where it waits."""
         log.info("%s: waiting for the first model from %s", self.name, self.model_addr)
         started, remind = time.monotonic(), Every(10.0)
         wait_s = self.cfg.net.peer_wait_s
-        while not stop.set:
+        while not stop.set and not self.refused and not self.finished:
             self._poll_links()
             if self.sub.poll(100, zmq.POLLIN) and self._take_newest_model():
                 log.info("%s: got model version %d after %.2fs; acting with %s %.4g", self.name, self.version,
@@ -275,6 +308,8 @@ class Actor:
             if now >= next_poll:
                 next_poll = now + MODEL_POLL_S
                 self._housekeeping()
+                if self.finished or self.refused:
+                    break
                 if self._hold:
                     self._flush(stop)  # nothing finished waits out a pause
                     self.sub.poll(50, zmq.POLLIN)
@@ -336,4 +371,4 @@ def run_actor(cfg: Config, index: int, proxy_addr: str, model_addr: str, run_dir
     s = actor.stats.as_dict()
     log.info("%s: stopped after %d env steps, %d batches (%d bytes), blocked %.1fs", actor.name,
              s["env_steps"], s["batches"], s["bytes_sent"], s["blocked_s"])
-    return 0
+    return EXIT_CONFIG_MISMATCH if actor.refused else 0

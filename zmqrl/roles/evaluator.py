@@ -21,8 +21,10 @@ from zmqrl.config import Config
 from zmqrl.envs import GreedyEvaluator
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
+from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, misfit, parameter_misfit, task_signature
 from zmqrl.wire import (
     MODEL,
+    Message,
     RateLimitedLog,
     SocketOptions,
     VersionTracker,
@@ -45,7 +47,9 @@ class Evaluator:
         self.incarnation = new_incarnation()
         seed = cfg.run.seed + 1_000_000
         seed_everything(seed)
-        self.policy = make_task(cfg).policy(seed, backend=cfg.actor.backend)
+        task = make_task(cfg)
+        self.signature = task_signature(task)
+        self.policy = task.policy(seed, backend=cfg.actor.backend)
         self.episodes = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed)
         self.ctx = new_context(cfg.net)
         self.model_addr, self.report_addr = model_addr, report_addr
@@ -60,6 +64,8 @@ class Evaluator:
         self.last_opt_steps: int | None = None
         self.evaluated = 0
         self.unsent = 0
+        self.finished = ""  # the learner's stop reason once it said the run is over
+        self.refused = ""  # why the learner's models do not fit this config: exit 2
         self.ratelog = RateLimitedLog(log, interval=10.0)
 
     def _due(self, opt_steps: int) -> bool:
@@ -68,7 +74,7 @@ class Evaluator:
 
     def step(self) -> bool:
         """Evaluate the newest model if one is due; returns whether an evaluation ran."""
-        msg, bad = drain_latest_model(self.sub, self.versions, self.model_limits)
+        msg, bad = drain_latest_model(self.sub, self.versions, self.model_limits, observe=self._control)
         if bad:
             self.ratelog.warn("bad", f"evaluator: dropped {bad} bad message(s) from {self.model_addr}")
         if msg is None:
@@ -76,10 +82,15 @@ class Evaluator:
         opt_steps = msg.meta.get("opt_steps", 0)
         if not isinstance(opt_steps, int) or not self._due(opt_steps):
             return False
-        try:
-            self.policy.load_params(msg.arrays)
-        except ValueError as exc:
-            self.ratelog.warn("mismatch", f"evaluator: model from {self.model_addr} does not fit the config: {exc}")
+        problem = misfit(self.signature, msg.meta.get("task"))
+        if problem is None:
+            try:
+                self.policy.load_params(msg.arrays)
+            except ValueError as exc:
+                problem = parameter_misfit(self.signature, msg.meta.get("task"), exc)
+        if problem is not None:
+            self.refused = f"the learner's model (version {msg.version}) does not fit this config: {problem}"
+            log.error("evaluator: %s", self.refused)
             return False
         params = {k: np.array(v) for k, v in msg.arrays.items()}
         returns, lengths = self.episodes.run(self.policy.greedy)
@@ -113,10 +124,18 @@ class Evaluator:
                         {"version": version, "opt_steps": opt_steps, "eval_return": mean, "source": "evaluator",
                          "training_state": False})
 
+    def _control(self, msg: Message) -> None:
+        """``done`` in a model's meta from the current learner: the run is over."""
+        done = msg.meta.get("done")
+        current = msg.incarnation == self.versions.incarnation or self.versions.incarnation is None
+        if current and isinstance(done, str) and done and not self.finished:
+            self.finished = done
+            log.info("evaluator: the learner finished (%s); stopping", done)
+
     def run(self, stop: StopFlag) -> None:
         log.info("evaluator: waiting for models from %s; reporting to %s", self.model_addr, self.report_addr)
         remind = Every(30.0)
-        while not stop.set:
+        while not stop.set and not self.finished and not self.refused:
             self.link.poll()
             if not self.step():
                 self.sub.poll(100, zmq.POLLIN)
@@ -141,5 +160,5 @@ def run_evaluator(cfg: Config, model_addr: str, report_addr: str, run_dir: str |
             evaluator.run(stop)
         finally:
             evaluator.close()
-    return 0
+    return EXIT_CONFIG_MISMATCH if evaluator.refused else 0
 

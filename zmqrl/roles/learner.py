@@ -1,23 +1,24 @@
 """Learner: owns replay and the agent; trains on what actors send and publishes versioned models.
 
 Recipe: build replay and bookkeeping (shared with ``zmqrl train``), bind the data PULL, the
-evaluation PULL and the model XPUB, then loop: every ``INGEST_INTERVAL_S`` read, decode and
-validate what has arrived and move it into replay, optimise, update priorities, and every
-``trainer.sync_interval`` steps publish the model with the next version. The latest model is
-re-published when a subscriber appears and every ``net.republish_s`` seconds, so late joiners
-never wait for the next sync.
+evaluation PULL and the model XPUB, then loop: every ``INGEST_INTERVAL_S`` take in what has
+arrived (:mod:`~zmqrl.roles.ingest`), optimise, update priorities, and every
+``trainer.sync_interval`` steps publish the model with the next version; stop, and tell every
+role on the model stream that the run is over. The latest model is re-published when a
+subscriber appears and every ``net.republish_s`` seconds, so late joiners never wait for the
+next sync. Per-peer accounting lives in :mod:`~zmqrl.roles.peers`, the samples-per-insert rate
+limiter in :mod:`~zmqrl.roles.ratelimit`.
 
-Startup does not wait for torch (seconds to import on a small machine): for MLP Q-networks the
-learner publishes model version 0 drawn with numpy, starts receiving and inserting into the
-(numpy-only) replay at once, and imports torch and builds the agent in a background thread; the
-agent adopts those same version-0 parameters, so every actor acts with the model the learner
-trains. Optimisation starts once the agent is built and replay holds ``trainer.warmup``
-transitions. Resuming, and other networks, build the agent first as before.
+Startup does not wait for torch (seconds to import on a small machine): where the algorithm can
+draw its version-0 parameters with numpy, the learner publishes them, starts receiving and
+inserting into the (numpy-only) replay at once, and imports torch and builds the agent in a
+background thread; the agent adopts those same parameters, so every actor acts with the model
+the learner trains. Optimisation starts once the agent is built and replay holds
+``trainer.warmup`` transitions. Resuming, and other networks, build the agent first.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import zmq
 
+from zmqrl import __version__
 from zmqrl.acting import make_task
 from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir, require_checkpoint, restore_replay
 from zmqrl.checkpoint import write_json_atomic
@@ -35,18 +37,19 @@ from zmqrl.config import Config
 from zmqrl.core import Agent
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, read_json
+from zmqrl.roles.fit import task_signature
+from zmqrl.roles.ingest import Receiver, ReplayWriter
+from zmqrl.roles.peers import PeerAccounts, episodes
+from zmqrl.roles.ratelimit import SamplesPerInsert
 from zmqrl.wire import (
     BATCH,
     EVAL,
+    HELLO,
     STATS,
     Message,
     RateLimitedLog,
-    SequenceTracker,
     SocketOptions,
-    WireError,
     bound_address,
-    check_batch,
-    decode,
     encode_model,
     make_socket,
     new_incarnation,
@@ -58,42 +61,7 @@ log = logging.getLogger("zmqrl")
 
 FIRST_BATCH_FILE = "first_batch.json"  # in the run directory, written once the first batch is in replay
 INGEST_INTERVAL_S = 0.05  # while training, read and insert what arrived this often (bursts amortise costs)
-GROUP_BYTES = 1 << 20  # join batches into one replay.add up to this size (beyond it the copy costs more)
 T = TypeVar("T")
-
-
-def _groups(batches: list[Message]) -> list[list[Message]]:
-    """Runs of consecutive batches that can be joined: same fields, dtypes and item shapes, small."""
-    groups: list[list[Message]] = []
-    last: tuple[Any, ...] | None = None
-    size = 0
-    for msg in batches:
-        sig = tuple((k, a.dtype, a.shape[1:]) for k, a in msg.arrays.items())
-        if groups and sig == last and size + msg.nbytes <= GROUP_BYTES:
-            groups[-1].append(msg)
-            size += msg.nbytes
-        else:
-            groups.append([msg])
-            last, size = sig, msg.nbytes
-    return groups
-
-
-def _number(meta: dict[str, Any], key: str, default: float = 0.0) -> float:
-    value = meta.get(key, default)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
-
-
-def _episodes(meta: dict[str, Any]) -> tuple[list[float], list[int]]:
-    """Episode returns and lengths carried in a batch's meta, ignoring anything malformed."""
-    ep = meta.get("episodes")
-    if not isinstance(ep, dict):
-        return [], []
-    returns, lengths = ep.get("returns"), ep.get("lengths")
-    if not (isinstance(returns, list) and isinstance(lengths, list) and len(returns) == len(lengths)):
-        return [], []
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in returns + lengths):
-        return [], []
-    return [float(r) for r in returns], [int(n) for n in lengths]
 
 
 class Background(threading.Thread, Generic[T]):
@@ -119,76 +87,6 @@ class Background(threading.Thread, Generic[T]):
         return self.result
 
 
-class Receiver:
-    """Reads, decodes and validates what has arrived on the data and evaluation sockets.
-
-    It runs on the optimisation thread, between steps, a burst of messages at a time. ZeroMQ's
-    own I/O thread already receives in the background without the GIL; a Python receiver
-    thread took the GIL at every message and stalled the optimiser's many short torch calls
-    (on two busy cores the learner kept ~0.7 of its idle step rate while ingesting 4 actors'
-    batches with one, ~0.95 without; ``zmqrl bench --only learner``). Back-pressure is as
-    before: while the learner is not reading, ZeroMQ's bounded queues (``rcvhwm``) fill and the
-    senders block, so memory stays bounded everywhere.
-    """
-
-    def __init__(self, data: zmq.Socket, evals: zmq.Socket, cfg: Config) -> None:
-        self.data, self.evals = data, evals
-        self.data_limits = limits(cfg.net, BATCH, STATS)
-        self.eval_limits = limits(cfg.net, EVAL)
-        self.poller = zmq.Poller()
-        self.poller.register(data, zmq.POLLIN)
-        self.poller.register(evals, zmq.POLLIN)
-        self.rejected: collections.Counter[str] = collections.Counter()
-        self.bytes = 0
-        self.ratelog = RateLimitedLog(log, interval=10.0)
-
-    def receive(self, timeout: float = 0.0, max_messages: int = 256) -> list[Message]:
-        """Valid messages that have arrived (at most ``max_messages`` read), waiting up to ``timeout`` s."""
-        ready = dict(self.poller.poll(int(timeout * 1000)))
-        messages: list[Message] = []
-        if self.evals in ready:
-            messages += self._read(self.evals, self.eval_limits, "eval", max_messages)
-        if self.data in ready:
-            messages += self._read(self.data, self.data_limits, "data", max_messages)
-        return messages
-
-    def drain(self, seconds: float) -> list[Message]:
-        """At shutdown: what is still queued on the data socket, read for at most ``seconds``."""
-        messages: list[Message] = []
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            burst = self._read(self.data, self.data_limits, "data", 256)
-            if not burst and not self.data.poll(0, zmq.POLLIN):
-                break
-            messages += burst
-        return messages
-
-    def _read(self, sock: zmq.Socket, lim: Any, where: str, max_messages: int) -> list[Message]:
-        messages = []
-        for _ in range(max_messages):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            msg = self._decode(frames, lim, where)
-            if msg is not None:
-                messages.append(msg)
-        return messages
-
-    def _decode(self, frames: list[Any], lim: Any, where: str) -> Message | None:
-        try:
-            msg = decode(frames, lim)
-            if msg.kind == BATCH:
-                check_batch(msg)
-        except WireError as exc:
-            self.rejected[exc.reason] += 1
-            self.ratelog.warn(f"bad-{where}-{exc.reason}", f"learner: dropped a bad message on the {where} "
-                                                           f"socket: {exc}")
-            return None
-        self.bytes += msg.nbytes
-        return msg
-
-
 class Learner:
     """One learner process."""
 
@@ -202,8 +100,9 @@ class Learner:
         self.dir = prepare_run_dir(cfg, run_dir)
         self.spec = self.task.batch_spec()
         self.replay = make_replay_from(cfg, self.spec)
-        self.book = Bookkeeper(cfg, self.dir, None, extra_state=lambda: {"replay": self.replay.state_dict()},
-                               replay=self.replay)
+        self.limiter = SamplesPerInsert(cfg.trainer, cfg.agent.batch_size)
+        self.book = Bookkeeper(cfg, self.dir, None, replay=self.replay, extra_state=lambda: {
+            "replay": self.replay.state_dict(), "rate_limiter": self.limiter.state_dict()})
         self._initial = None if resume else self.task.initial_params()
         self._agent: Agent | None = None
         self._builder: Background[Agent] = Background(self._build_agent, name="agent-builder")
@@ -214,13 +113,14 @@ class Learner:
             if resume:
                 state = self.book.restore("latest")
                 restore_replay(self.book, self.replay, state)
+                self.limiter.load_state_dict(state.get("rate_limiter", {}))
                 log.info("learner: resumed from %s at opt step %d, model version %d, %d transitions in replay",
                          self.dir / "checkpoints/latest", self.book.opt_steps, self.book.version, len(self.replay))
         self.incarnation = new_incarnation()
 
         self.ctx = new_context(cfg.net)
         net = cfg.net
-        self.data = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, BATCH, STATS),
+        self.data = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, BATCH, STATS, HELLO),
                                                                                      rcvhwm=64), data_path=True),
                                  bind=bind_data)
         self.evals = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, EVAL))),
@@ -232,23 +132,14 @@ class Learner:
         self._write_endpoints()
         self.links = [LinkMonitor(self.pub, "learner", f"model subscribers on {self.endpoints['model']}"),
                       LinkMonitor(self.data, "learner", f"data peers on {self.endpoints['data']}")]
-        self.receiver = Receiver(self.data, self.evals, cfg)
-
-        self.sequences = SequenceTracker()
-        self.inserted = 0
+        self.receiver = Receiver(self.data, self.evals, cfg, self.spec)
+        self.writer = ReplayWriter(self.replay)
+        self.peers = PeerAccounts(net.max_peers, net.peer_idle_s)
+        self.signature = task_signature(self.task)
         self.batches = 0
-        self.per_actor: dict[str, dict[str, Any]] = {}
-        self.proxies: dict[str, dict[str, Any]] = {}
-        self.actor_steps: dict[tuple[str, str], int] = {}
-        self.lags: collections.deque[int] = collections.deque(maxlen=10_000)
-        self.lag_counts: collections.Counter[int] = collections.Counter()
-        self.other_line_batches = 0
         self.published = 0
-        self.schema_rejected = 0
         self.ratelog = RateLimitedLog(log, interval=10.0)
         self._last_params: list[Any] | None = None
-        self.pause = False
-        self.pauses = 0
         self.first_batch_s: float | None = None
         if self._agent is None:
             self._builder.start()
@@ -305,18 +196,22 @@ class Learner:
         write_json_atomic(path, data)
 
     # --- models out ---------------------------------------------------------------------------
-    def publish(self, new_version: bool, refresh: bool = False) -> None:
+    def publish(self, new_version: bool, refresh: bool = False, done: str = "") -> None:
         """Send the current model; with ``new_version`` it first gets the next version number.
 
-        The meta carries ``pause``: the rate limiter's request that actors stop stepping while
-        samples per insert is below ``trainer.min_samples_per_insert``.
+        The meta carries ``pause`` (the rate limiter's request that actors stop stepping), the
+        task signature (so a role whose config does not fit says so at once), and ``done`` with
+        the stop reason when the run is over (roles then finish).
         """
-        if new_version or refresh or self._last_params is None:
+        if new_version or refresh or done or self._last_params is None:
             if new_version:
                 self.book.version += 1
             params = self._initial if self._agent is None and self._initial is not None else self.agent.params()
-            self._last_params = encode_model("learner", self.incarnation, self.book.version, params,
-                                             meta={"opt_steps": self.book.opt_steps, "pause": self.pause})
+            meta: dict[str, Any] = {"opt_steps": self.book.opt_steps, "pause": self.limiter.paused,
+                                    "task": self.signature, "zmqrl": __version__}
+            if done:
+                meta["done"] = done
+            self._last_params = encode_model("learner", self.incarnation, self.book.version, params, meta=meta)
         try:
             send_frames(self.pub, self._last_params, flags=zmq.NOBLOCK)
             self.published += 1
@@ -337,96 +232,36 @@ class Learner:
         return self._dispatch(self.receiver.receive(timeout, max_messages))
 
     def _dispatch(self, messages: list[Message]) -> int:
-        """Handle received messages: batches go into replay together, in as few ``add`` calls as
-        possible (each call has a fixed cost several times that of copying a small batch)."""
+        """Handle received messages: batches (in sequence) go into replay together."""
         batches = []
         for msg in messages:
             if msg.kind == BATCH:
-                if self._in_sequence(msg):
+                if self.peers.in_sequence(msg):
                     batches.append(msg)
             elif msg.kind == STATS:
-                self.proxies[msg.sender] = msg.meta
+                self.peers.proxy_stats(msg)
+            elif msg.kind == HELLO:
+                reason = self.peers.mismatch(msg)
+                if reason:
+                    self.ratelog.warn(f"mismatch-{msg.sender}", f"learner: {msg.sender} refused this learner's "
+                                                                f"model: {reason}")
             elif msg.kind == EVAL:
                 if self._agent is None:
                     self._deferred.append(msg)  # recording it opens TensorBoard: that waits for torch
                 else:
                     self._evaluation(msg)
-        return sum(self._account(msg) for msg in self._add_to_replay(batches))
-
-    def _actor(self, sender: str) -> dict[str, Any]:
-        return self.per_actor.setdefault(sender, {"batches": 0, "transitions": 0, "lost": 0, "dropped_old": 0,
-                                                  "incarnations": 0, "lag_sum": 0})
-
-    def _in_sequence(self, msg: Message) -> bool:
-        """Sequence check per sender incarnation: counts lost batches; False for a repeat or an older one."""
-        accept, lost = self.sequences.observe(msg.sender, msg.incarnation, msg.seq)
-        actor = self._actor(msg.sender)
-        actor["lost"] += lost
-        if not accept:
-            actor["dropped_old"] += 1
-        return accept
-
-    def _add_to_replay(self, batches: list[Message]) -> list[Message]:
-        """Insert the batches into replay, in order; returns those that went in.
-
-        Consecutive small batches with the same fields are joined into one ``add``; where that
-        fails, each goes in on its own, so only a batch that does not fit is rejected.
-        """
-        added: list[Message] = []
-        for group in _groups(batches):
-            if len(group) > 1:
-                arrays = {k: np.concatenate([m.arrays[k] for m in group]) for k in group[0].arrays}
-                if self._add(arrays, None):
-                    added += group
-                    continue
-            added += [m for m in group if self._add(m.arrays, m.sender)]
-        return added
-
-    def _add(self, arrays: dict[str, np.ndarray], sender: str | None) -> bool:
-        """One ``replay.add``; a batch (``sender`` given) that does not fit is counted and logged."""
-        arrays = dict(arrays)
-        priorities = arrays.pop("priority", None)
-        try:
-            self.replay.add(arrays, priorities=priorities)
-        except (ValueError, IndexError) as exc:
-            if sender is not None:
-                self.schema_rejected += 1
-                self.ratelog.warn(f"schema-{sender}", f"learner: batch from {sender} does not fit replay: {exc}")
-            return False
-        return True
+        return sum(self._account(msg) for msg in self.writer.insert(batches))
 
     def _account(self, msg: Message) -> int:
-        """Counters, episodes, policy lag and actor stats of a batch now in replay; returns its length."""
-        n = len(msg.arrays["reward"]) if "reward" in msg.arrays else len(next(iter(msg.arrays.values())))
-        self.inserted += n
+        """Counters, episodes and env steps of a batch now in replay; returns its length."""
+        n = len(msg.arrays["reward"])
+        self.limiter.inserted += n
         self.batches += 1
         if self.first_batch_s is None:
             self._first_batch(msg.sender, n)
-        meta, actor = msg.meta, self._actor(msg.sender)
-        key = (msg.sender, msg.incarnation)
-        if key not in self.actor_steps:
-            actor["incarnations"] += 1
-            self.actor_steps[key] = 0
-        raw = meta.get("stats")
-        stats: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        steps = int(_number(stats, "env_steps"))
-        self.book.add_env_steps(max(0, steps - self.actor_steps[key]))
-        self.actor_steps[key] = max(steps, self.actor_steps[key])
-        self.book.add_episodes(*_episodes(meta))
-        if meta.get("model_inc") == self.incarnation and msg.version >= 0:
-            lag = self.book.version - msg.version
-            self.lags.append(lag)
-            self.lag_counts[lag] += 1
-            actor["lag_sum"] += lag
-        else:
-            self.other_line_batches += 1
-        actor["batches"] += 1
-        actor["transitions"] += n
-        actor["incarnation"] = msg.incarnation
-        for k in ("env_steps", "episodes", "blocked_s", "paused_s", "model_updates", "env_steps_per_s"):
-            if k in stats:
-                actor[k] = _number(stats, k)
-        actor["explore"] = _number(meta, "explore")
+        steps, returns, lengths = self.peers.account(msg, n, self.book.version, self.incarnation)
+        self.book.add_env_steps(steps)
+        self.book.add_episodes(returns, lengths)
         return n
 
     def _first_batch(self, sender: str, n: int) -> None:
@@ -438,60 +273,51 @@ class Learner:
         log.info("learner: first batch from %s after %.2fs", sender, self.first_batch_s)
 
     def _evaluation(self, msg: Message) -> None:
-        returns, lengths = _episodes({"episodes": msg.meta})
+        returns, lengths = episodes({"episodes": msg.meta})
         if not returns:
             self.receiver.rejected["eval_meta"] += 1
             return
         self.book.evaluation(returns, lengths, version=msg.version, save_best=False)
 
     # --- stats --------------------------------------------------------------------------------
-    def lag_stats(self) -> dict[str, float]:
-        if not self.lags:
-            return {}
-        lags = np.fromiter(self.lags, dtype=np.int64)
-        return {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
-                "p90": float(np.percentile(lags, 90)), "max": int(lags.max())}
+    @property
+    def inserted(self) -> int:
+        """Transitions inserted into replay over the run."""
+        return self.limiter.inserted
 
     def samples_per_insert(self) -> float:
-        return self.book.opt_steps * self.cfg.agent.batch_size / max(self.inserted, 1)
+        return self.limiter.ratio(self.book.opt_steps)
 
     def perf(self) -> dict[str, float]:
         values = {"perf/replay_size": float(len(self.replay)),
                   "perf/samples_per_insert": self.samples_per_insert(),
                   "perf/bytes_received": float(self.receiver.bytes),
                   "perf/rejected": float(self.rejected_total()), "perf/model_version": float(self.book.version)}
-        values.update({f"perf/policy_lag_{k}": v for k, v in self.lag_stats().items()})
-        for name, actor in self.per_actor.items():
-            if "env_steps_per_s" in actor:
-                values[f"actors/{name}/env_steps_per_s"] = actor["env_steps_per_s"]
-            values[f"actors/{name}/lost"] = float(actor["lost"])
-        for name, proxy in self.proxies.items():
-            values[f"proxies/{name}/forwarded"] = _number(proxy, "forwarded")
-            values[f"proxies/{name}/bytes_per_s"] = _number(proxy, "bytes_per_s")
-        if self.lags:
-            self.book.recorder.histogram(self.book.opt_steps, "perf/policy_lag", np.fromiter(self.lags, np.int64))
+        values.update(self.peers.perf())
+        if self.peers.lags:
+            self.book.recorder.histogram(self.book.opt_steps, "perf/policy_lag",
+                                         np.fromiter(self.peers.lags, np.int64))
         return values
 
     def rejected_total(self) -> int:
-        return sum(self.receiver.rejected.values()) + self.schema_rejected
+        return sum(self.receiver.rejected.values()) + self.writer.rejected
 
     def summary_extra(self) -> dict[str, Any]:
-        per_actor = {}
-        for name, a in self.per_actor.items():
-            per_actor[name] = {**a, "lag_mean": a["lag_sum"] / max(a["batches"], 1)}
+        peers = self.peers.summary()
         return {
             "role": "learner", "endpoints": self.endpoints, "replay_size": len(self.replay),
-            "transitions_inserted": self.inserted, "samples_per_insert": self.samples_per_insert(),
+            "transitions_inserted": self.limiter.inserted, "samples_per_insert": self.samples_per_insert(),
             "bytes_received": self.receiver.bytes, "models_published": self.published,
-            "rate_limiter_pauses": self.pauses, "first_batch_s": self.first_batch_s,
-            "policy_lag": {**self.lag_stats(), "histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
-                           "other_line_batches": self.other_line_batches},
-            "messages": {"batches_received": self.batches,
-                         "batches_lost": sum(a["lost"] for a in self.per_actor.values()),
-                         "batches_dropped_old": sum(a["dropped_old"] for a in self.per_actor.values()),
-                         "rejected": {**dict(self.receiver.rejected), "schema": self.schema_rejected},
-                         "rejected_total": self.rejected_total()},
-            "actors": per_actor, "proxies": self.proxies, "auth": auth_counts(self.ctx),
+            "rate_limiter_pauses": self.limiter.pauses, "first_batch_s": self.first_batch_s,
+            "policy_lag": peers.pop("policy_lag"),
+            "messages": {"batches_received": self.batches, "batches_lost": peers.pop("batches_lost"),
+                         "batches_dropped_old": peers.pop("batches_dropped_old"),
+                         "rejected": {**dict(self.receiver.rejected), "replay": self.writer.rejected},
+                         "rejected_total": self.rejected_total(), "peers_refused": peers.pop("peers_refused"),
+                         "refused_names": peers.pop("refused_names"),
+                         "config_mismatches": peers.pop("config_mismatches")},
+            "priorities": replay_priority_counts(self.replay),
+            **peers, "auth": auth_counts(self.ctx),
         }
 
     # --- the loop -----------------------------------------------------------------------------
@@ -520,19 +346,13 @@ class Learner:
                     link.poll()
             ready, warm = self.agent_ready(), len(self.replay) >= tc.warmup
             starving = not (warm and ready)
-            spi = self.samples_per_insert()
-            throttled = tc.max_samples_per_insert > 0 and spi > tc.max_samples_per_insert
+            throttled = self.limiter.throttled(self.book.opt_steps)
             if starving or throttled:
                 self.ingest(timeout=0.1)
             elif ingest_due():
                 self.ingest()
-            # Warm but the agent still loading also counts (0 samples per insert): actors need not
-            # fill replay with data nobody trains on, and their CPU is better spent loading torch.
-            pause = warm and tc.min_samples_per_insert > 0 and spi < tc.min_samples_per_insert
-            if pause != self.pause:  # tell actors at once, not at the next sync
-                self.pause = pause
-                self.pauses += pause
-                self.publish(new_version=False, refresh=True)
+            if self.limiter.update_pause(self.book.opt_steps, warm):
+                self.publish(new_version=False, refresh=True)  # tell actors at once, not at the next sync
             if starving:
                 if waiting_log():
                     log.info("learner: %d/%d warm-up transitions in replay; waiting for %s", len(self.replay),
@@ -552,21 +372,31 @@ class Learner:
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
-        self._dispatch(self.receiver.drain(seconds=1.0))  # account for what peers already sent
+        """A clean stop: account for what peers already sent, final checkpoint and summary, then
+        tell every role on the model stream that the run is over (they exit 0)."""
+        self._dispatch(self.receiver.drain(seconds=1.0))
         self.agent_ready(block=True)  # the final checkpoint needs the agent
         summary = self.book.finish(self.summary_extra())
         print_end_table(summary)
-        self._close()
+        self.publish(new_version=False, done=self.book.stop_reason or "finished")
+        self._close(linger_ms=1000)  # the last message leaves before the context goes
         return summary
 
-    def _close(self) -> None:
+    def _close(self, linger_ms: int = 0) -> None:
         if self.ctx.closed:
             return
         for link in self.links:
             link.close()
-        for sock in (self.data, self.evals, self.pub):
-            sock.close(linger=0)
+        self.data.close(linger=0)
+        self.evals.close(linger=0)
+        self.pub.close(linger=linger_ms)
         self.ctx.term()
+
+
+def replay_priority_counts(replay: Any) -> dict[str, int]:
+    """Priorities replay rejected or clamped (non-finite, negative, absurdly large), where it counts them."""
+    return {k: int(getattr(replay, f"priorities_{k}")) for k in ("rejected", "clamped")
+            if hasattr(replay, f"priorities_{k}")}
 
 
 def print_end_table(summary: dict[str, Any]) -> None:

@@ -107,7 +107,8 @@ def plan_roles(config_path: str | None, overrides: list[str], actors: int, run_d
     rd = ["--run-dir", str(run_dir)]
     roles = [Role("learner", base + ["learner", *cfg_args, *rd, "--bind-data", addr["data"],
                                      "--bind-model", addr["model"], "--bind-eval", addr["eval"]]),
-             Role("proxy", base + ["proxy", *cfg_args, *rd, "--bind", addr["proxy"], "--learner", addr["data"]])]
+             Role("proxy", base + ["proxy", *cfg_args, *rd, "--bind", addr["proxy"], "--learner", addr["data"],
+                                   "--models", addr["model"]])]
     roles += [Role(f"actor-{i}", base + ["actor", *cfg_args, *rd, "--id", str(i), "--proxy", addr["proxy"],
                                          "--learner", addr["model"]]) for i in range(actors)]
     if evaluator:
@@ -175,6 +176,7 @@ def _supervise(cfg: Config, roles: list[Role], summary_path: Path, stop: StopFla
                 log.error("local: the learner exited with code %s; last lines of %s:\n%s", code,
                           learner.log_path, learner.tail())
             break
+        dead = [r for r in dead if r.proc.returncode != 0]  # type: ignore[union-attr]  # 0: the learner said done
         if dead:
             for r in dead:
                 log.error("local: %s exited with code %s; last lines of %s:\n%s", r.name,

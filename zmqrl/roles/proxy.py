@@ -1,9 +1,12 @@
 """Proxy: PULL batches from a host's actors, validate and count them, forward them unchanged.
 
-Recipe: bind a PULL socket for actors, connect a PUSH socket to the learner, then loop: receive
-a message, check its header and frame lengths (no arrays are built, nothing is re-serialised),
-count it per actor, and forward the very same frames. Bad messages are dropped and counted.
-When the learner is away the proxy stops reading, so actors block with bounded memory.
+Recipe: bind a PULL socket for actors, connect a PUSH socket to the learner (and a SUB to its
+model stream, to hear when the run is over), then loop: receive a message, check its header and
+frame lengths (no arrays are built, nothing is re-serialised), count it per actor, and forward
+the very same frames. Bad messages are dropped and counted; per-actor counters are kept for at
+most ``net.max_peers`` actors. When the learner is away the proxy stops reading, so actors block
+with bounded memory; when the learner says it finished, the proxy forwards what actors already
+sent and exits 0.
 """
 
 from __future__ import annotations
@@ -20,11 +23,17 @@ from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.wire import (
     BATCH,
+    HELLO,
+    MODEL,
+    Message,
+    PeerTable,
     RateLimitedLog,
     SequenceTracker,
     SocketOptions,
+    VersionTracker,
     WireError,
     bound_address,
+    drain_latest_model,
     encode_stats,
     make_socket,
     new_incarnation,
@@ -51,10 +60,10 @@ class Proxy:
     """One proxy process: actors' PULL in, learner's PUSH out."""
 
     def __init__(self, cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy",
-                 run_dir: str | None = None) -> None:
+                 run_dir: str | None = None, model_addr: str | None = None) -> None:
         self.cfg, self.name, self.run_dir = cfg, name, run_dir
         self.incarnation = new_incarnation()
-        self.limits = limits(cfg.net, BATCH)
+        self.limits = limits(cfg.net, BATCH, HELLO)
         self.ctx = new_context(cfg.net)
         self.pull = make_socket(self.ctx, zmq.PULL, options(cfg.net, SocketOptions.pull(self.limits), data_path=True),
                                 bind=bind_addr)
@@ -64,8 +73,14 @@ class Proxy:
         self.learner_addr = learner_addr
         self.links = [LinkMonitor(self.push, name, f"to learner {learner_addr}"),
                       LinkMonitor(self.pull, name, f"from actors on {self.bind_addr}")]
-        self.sequences = SequenceTracker()
-        self.per_actor: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.model_limits = limits(cfg.net, MODEL)
+        self.sub = None if model_addr is None else make_socket(
+            self.ctx, zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)), connect=model_addr)
+        self.versions = VersionTracker()
+        self.finished = ""  # the learner's stop reason once it said the run is over
+        self.sequences = SequenceTracker(cfg.net.max_peers, cfg.net.peer_idle_s)
+        self.per_actor: PeerTable[collections.Counter[str]] = PeerTable(collections.Counter, cfg.net.max_peers,
+                                                                         cfg.net.peer_idle_s)
         self.rejected: collections.Counter[str] = collections.Counter()
         self.forwarded = 0
         self.bytes = 0
@@ -80,6 +95,7 @@ class Proxy:
                 "rejected": dict(self.rejected), "rejected_total": sum(self.rejected.values()),
                 "blocked_s": round(self.blocked_s, 3), "bind": self.bind_addr,
                 "actors": {k: dict(v) for k, v in self.per_actor.items()}, "wall_s": round(wall, 3),
+                "peers_refused": self.sequences.refused,
                 "auth": auth_counts(self.ctx)}
 
     def _forward(self, frames: list[Any], stop: StopFlag | _Until) -> bool:
@@ -101,7 +117,11 @@ class Proxy:
             return
         sender = header["sender"]
         accept, lost = self.sequences.observe(sender, header["inc"], header["seq"])
-        counts = self.per_actor[sender]
+        counts = self.per_actor.admit(sender)
+        if counts is None:  # more actors than net.max_peers: refused (counted by the sequence tracker)
+            self.ratelog.warn("refused", f"{self.name}: refusing {sender}: already counting net.max_peers="
+                                         f"{self.cfg.net.max_peers} actors")
+            return
         counts["lost"] += lost
         if not accept:
             counts["dropped_old"] += 1
@@ -123,10 +143,24 @@ class Proxy:
         except zmq.Again:
             pass  # the learner is away; the next report supersedes this one
 
+    def _control(self, msg: Message) -> None:
+        """``done`` in a model's meta from the current learner: the run is over."""
+        done = msg.meta.get("done")
+        current = msg.incarnation == self.versions.incarnation or self.versions.incarnation is None
+        if current and isinstance(done, str) and done and not self.finished:
+            self.finished = done
+            log.info("%s: the learner finished (%s); forwarding what is left, then stopping", self.name, done)
+
+    def _watch_models(self) -> None:
+        if self.sub is not None:
+            drain_latest_model(self.sub, self.versions, self.model_limits, observe=self._control)
+
     def run(self, stop: StopFlag) -> None:
         log.info("%s: actors connect to %s; forwarding to learner %s", self.name, self.bind_addr, self.learner_addr)
-        report = Every(self.cfg.net.stats_interval_s)
-        while not stop.set:
+        report, watch = Every(self.cfg.net.stats_interval_s), Every(0.1)
+        while not stop.set and not self.finished:
+            if watch():
+                self._watch_models()
             if self.pull.poll(100, zmq.POLLIN):
                 # Drain what is queued before looking at the clock again.
                 for _ in range(1000):
@@ -158,13 +192,16 @@ class Proxy:
             link.close()
         self.pull.close(linger=0)
         self.push.close(linger=2000)
+        if self.sub is not None:
+            self.sub.close(linger=0)
         self.ctx.term()
 
 
-def run_proxy(cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy", run_dir: str | None = None) -> int:
+def run_proxy(cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy", run_dir: str | None = None,
+              model_addr: str | None = None) -> int:
     """The ``zmqrl proxy`` entry point."""
     with StopFlag() as stop:
-        proxy = Proxy(cfg, bind_addr, learner_addr, name, run_dir)
+        proxy = Proxy(cfg, bind_addr, learner_addr, name, run_dir, model_addr)
         try:
             proxy.run(stop)
             proxy.drain(seconds=1.0)

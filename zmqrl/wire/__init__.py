@@ -5,11 +5,15 @@ the network is ever unpickled.
 """
 
 from .codec import (
+    OPTIONAL_FIELDS,
+    BatchSpec,
     check_batch,
+    check_batch_spec,
     decode,
     encode,
     encode_batch,
     encode_eval,
+    encode_hello,
     encode_model,
     encode_stats,
     pack,
@@ -29,6 +33,7 @@ from .protocol import (
     PROTOCOL_VERSION,
     REASONS,
     STATS,
+    SUPPORTED_VERSIONS,
     Limits,
     Message,
     WireError,
@@ -53,7 +58,7 @@ from .sockets import (
     recv_message,
     send_frames,
 )
-from .tracking import RateLimitedLog, SequenceTracker, VersionTracker
+from .tracking import PeerTable, RateLimitedLog, SequenceTracker, VersionTracker
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -70,9 +75,11 @@ __all__ = [
     "PROTOCOL_VERSION",
     "REASONS",
     "STATS",
+    "SUPPORTED_VERSIONS",
     "ZAP_DOMAIN",
     "Limits",
     "Message",
+    "PeerTable",
     "RateLimitedLog",
     "SecureContext",
     "Security",
@@ -84,12 +91,16 @@ __all__ = [
     "WireError",
     "apply_curve",
     "bound_address",
+    "BatchSpec",
+    "OPTIONAL_FIELDS",
     "check_batch",
+    "check_batch_spec",
     "decode",
     "drain_latest_model",
     "encode",
     "encode_batch",
     "encode_eval",
+    "encode_hello",
     "encode_model",
     "encode_stats",
     "has_curve",

@@ -20,6 +20,7 @@ from .protocol import (
     BATCH,
     DEFAULT_LIMITS,
     EVAL,
+    HELLO,
     MAX_INCARNATION_CHARS,
     MAX_INT,
     MAX_META_DEPTH,
@@ -351,6 +352,35 @@ def check_batch(msg: Message) -> int:
     if msg.kind != BATCH:
         raise WireError("kind", f"expected a {BATCH!r} message, got {msg.kind!r}")
     return _batch_size(msg.arrays)
+
+
+BatchSpec = Mapping[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, per-item shape)
+OPTIONAL_FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {"priority": (np.dtype(np.float32), ())}
+
+
+def check_batch_spec(msg: Message, spec: BatchSpec) -> int:
+    """Check a BATCH against the run's batch spec (every field of ``spec``, plus the optional
+    ``priority``; each dtype and per-item shape exact); return its length.
+
+    A message can pass every other check and still not be this run's data (another env, a
+    stray script): it raises WireError("schema") naming the field, before it reaches replay.
+    """
+    n = check_batch(msg)
+    keys, expected = set(msg.arrays), set(spec)
+    missing, extra = sorted(expected - keys), sorted(keys - expected - set(OPTIONAL_FIELDS))
+    if missing or extra:
+        raise WireError("schema", f"batch fields differ from this run's: missing {missing}, unexpected {extra}")
+    for key, array in msg.arrays.items():
+        dtype, shape = spec[key] if key in spec else OPTIONAL_FIELDS[key]
+        if array.dtype != dtype or tuple(array.shape[1:]) != tuple(shape):
+            raise WireError("schema", f"batch field {key!r} is {array.dtype}{list(array.shape[1:])} per item, "
+                                      f"this run's is {np.dtype(dtype)}{list(shape)}")
+    return n
+
+
+def encode_hello(sender: str, incarnation: str, seq: int, meta: Mapping[str, Any]) -> list[bytes | memoryview]:
+    """A HELLO: a peer telling the learner about itself (e.g. why it refused the learner's model)."""
+    return encode(HELLO, sender=sender, incarnation=incarnation, seq=seq, version=NO_VERSION, meta=dict(meta))
 
 
 def encode_batch(

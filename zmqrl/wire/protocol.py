@@ -67,7 +67,7 @@ DEFAULT_COPY_THRESHOLD = 64 * 1024  # frames at least this large are sent zero-c
 
 # Short codes carried by ``WireError.reason``.
 REASONS: frozenset[str] = frozenset(
-    {"frames", "header", "protocol", "version", "kind", "dtype", "shape", "size", "meta"}
+    {"frames", "header", "protocol", "version", "kind", "dtype", "shape", "size", "meta", "schema"}
 )
 
 
@@ -86,6 +86,7 @@ class WireError(ValueError):
     ``shape``    bad shape, or batch arrays with unequal leading lengths
     ``size``     a frame length that does not match its array, or a size limit
     ``meta``     meta is not a (shallow enough) JSON object
+    ``schema``   a well-formed batch whose fields, dtypes or item shapes are not this run's
     """
 
     def __init__(self, reason: str, message: str) -> None:

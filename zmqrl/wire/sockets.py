@@ -273,6 +273,7 @@ def drain_latest_model(
     *,
     max_messages: int = 10_000,
     observe: Callable[[Message], None] | None = None,
+    on_error: Callable[[WireError], None] | None = None,
 ) -> tuple[Message | None, int]:
     """Read every queued message without blocking; keep the newest acceptable model.
 
@@ -280,7 +281,8 @@ def drain_latest_model(
     result is the last one it accepted (None if none).  Messages that fail to
     decode or are not MODEL count as bad.  Returns ``(message, bad_count)``.
     Reads at most ``max_messages`` so a flood cannot stall the caller.
-    ``observe`` sees every decoded MODEL message, accepted or not (for control fields in meta).
+    ``observe`` sees every decoded MODEL message, accepted or not (for control fields in meta);
+    ``on_error`` sees why each undecodable message was refused.
     """
     latest: Message | None = None
     bad = 0
@@ -293,8 +295,10 @@ def drain_latest_model(
             break
         try:
             msg = decode(frames, limits)
-        except WireError:
+        except WireError as exc:
             bad += 1
+            if on_error is not None:
+                on_error(exc)
             continue
         if msg.kind != MODEL:
             bad += 1

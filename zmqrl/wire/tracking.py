@@ -7,19 +7,88 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 
 @dataclass
 class SenderState:
     """What a :class:`SequenceTracker` remembers about one sender."""
 
-    incarnation: str
+    incarnation: str  # "" until the sender's first message
     last_seq: int
     accepted: int = 0
     lost: int = 0  # sequence numbers skipped (messages that never arrived)
     dropped: int = 0  # repeated or older messages rejected
     incarnations: int = 1  # incarnations seen (restarts + 1)
+
+
+V = TypeVar("V")
+
+DEFAULT_MAX_PEERS = 1024
+DEFAULT_PEER_IDLE_S = 600.0
+
+
+class PeerTable(Generic[V]):
+    """Per-peer state for at most ``max_peers`` peers, so memory stays flat whatever names arrive.
+
+    A peer not in the table is admitted while there is room. When the table is full, peers
+    silent for ``idle_s`` seconds are forgotten to make room; if none is, the newcomer is
+    refused and counted (peers already known keep their state: a flood of new names cannot
+    push out the actors that are really there).
+    """
+
+    def __init__(self, factory: Callable[[], V], max_peers: int = DEFAULT_MAX_PEERS,
+                 idle_s: float = DEFAULT_PEER_IDLE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        if max_peers < 1:
+            raise ValueError("max_peers must be >= 1")
+        self.factory, self.max_peers, self.idle_s, self._clock = factory, max_peers, idle_s, clock
+        self._peers: OrderedDict[str, V] = OrderedDict()
+        self._seen: dict[str, float] = {}
+        self.refused = 0  # messages from peers turned away because the table was full
+        self.refused_names: set[str] = set()  # a few of them, for the log (bounded)
+        self.forgotten = 0
+
+    def admit(self, name: str) -> V | None:
+        """The state of ``name``, created if there is room; None (counted) when it is refused."""
+        now = self._clock()
+        state = self._peers.get(name)
+        if state is None:
+            if len(self._peers) >= self.max_peers:
+                self._forget_idle(now)
+            if len(self._peers) >= self.max_peers:
+                self.refused += 1
+                if len(self.refused_names) < 8:
+                    self.refused_names.add(name)
+                return None
+            state = self._peers[name] = self.factory()
+        self._peers.move_to_end(name)
+        self._seen[name] = now
+        return state
+
+    def _forget_idle(self, now: float) -> None:
+        while self._peers:
+            oldest = next(iter(self._peers))
+            if now - self._seen[oldest] < self.idle_s:
+                return
+            del self._peers[oldest], self._seen[oldest]
+            self.forgotten += 1
+
+    def get(self, name: str) -> V | None:
+        return self._peers.get(name)
+
+    def last_seen_s(self, name: str) -> float | None:
+        """Seconds since ``name`` was last admitted, if it is known."""
+        seen = self._seen.get(name)
+        return None if seen is None else self._clock() - seen
+
+    def items(self) -> list[tuple[str, V]]:
+        return list(self._peers.items())
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._peers
 
 
 class SequenceTracker:
@@ -28,37 +97,45 @@ class SequenceTracker:
     Each sender process picks a random incarnation id at start and numbers its
     messages 0, 1, 2...  A new incarnation (a restarted sender) starts a fresh
     sequence and is always accepted.  At most ``max_senders`` senders are
-    remembered; the least recently seen is forgotten first (its counters stay
-    in the totals).
+    remembered (a :class:`PeerTable`): a new sender beyond that is refused and
+    counted, unless a sender silent for ``idle_s`` can be forgotten.
     """
 
-    def __init__(self, max_senders: int = 1024) -> None:
-        if max_senders < 1:
-            raise ValueError("max_senders must be >= 1")
-        self.max_senders = max_senders
-        self._senders: OrderedDict[str, SenderState] = OrderedDict()
-        self._totals = {"accepted": 0, "lost": 0, "dropped": 0, "incarnations": 0}
+    def __init__(self, max_senders: int = DEFAULT_MAX_PEERS, idle_s: float = DEFAULT_PEER_IDLE_S) -> None:
+        self._senders: PeerTable[SenderState] = PeerTable(lambda: SenderState("", -1), max_senders, idle_s)
+        self._totals = {"accepted": 0, "lost": 0, "dropped": 0, "incarnations": 0, "refused": 0}
+
+    @property
+    def max_senders(self) -> int:
+        return self._senders.max_peers
+
+    @property
+    def refused(self) -> int:
+        return self._totals["refused"]
+
+    @property
+    def refused_names(self) -> set[str]:
+        """A few of the senders refused (at most 8)."""
+        return self._senders.refused_names
 
     def observe(self, sender: str, incarnation: str, seq: int) -> tuple[bool, int]:
         """Record one message; return ``(accept, lost)``.
 
         First message of a sender or of a new incarnation: accepted, lost 0.
         ``seq == last + 1``: accepted.  ``seq > last + 1``: accepted, ``lost`` is
-        the gap.  ``seq <= last``: rejected (repeat or older), lost 0.
+        the gap.  ``seq <= last``: rejected (repeat or older), lost 0.  A sender
+        refused for lack of room: rejected (counted in ``refused``).
         """
-        state = self._senders.get(sender)
-        if state is None or state.incarnation != incarnation:
-            if state is None:
-                state = SenderState(incarnation, seq)
-                self._senders[sender] = state
-                self._evict()
-            else:
-                state.incarnation, state.last_seq = incarnation, seq
+        state = self._senders.admit(sender)
+        if state is None:
+            self._totals["refused"] += 1
+            return False, 0
+        if state.incarnation != incarnation:
+            if state.incarnation:  # a known sender, restarted
                 state.incarnations += 1
-            self._senders.move_to_end(sender)
+            state.incarnation, state.last_seq = incarnation, seq
             self._totals["incarnations"] += 1
             return self._accept(state, 0)
-        self._senders.move_to_end(sender)
         if seq <= state.last_seq:
             state.dropped += 1
             self._totals["dropped"] += 1
@@ -73,10 +150,6 @@ class SequenceTracker:
         self._totals["accepted"] += 1
         self._totals["lost"] += lost
         return True, lost
-
-    def _evict(self) -> None:
-        while len(self._senders) > self.max_senders:
-            self._senders.popitem(last=False)
 
     def sender(self, sender: str) -> SenderState | None:
         """The state of one sender, if remembered."""
@@ -135,6 +208,8 @@ class RateLimitedLog:
     line emitted for that key.
     """
 
+    MAX_KEYS = 256  # keys often carry a peer's name: beyond this many, they share one
+
     def __init__(
         self,
         logger: logging.Logger,
@@ -152,6 +227,8 @@ class RateLimitedLog:
 
         Returns whether the line was emitted.
         """
+        if key not in self._last and len(self._last) >= self.MAX_KEYS:
+            key = "(other keys)"
         now = self._clock()
         last = self._last.get(key)
         if last is not None and now - last < self.interval:

@@ -31,7 +31,7 @@ class DQN(Algorithm):
     def check_spaces(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space) -> None:
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(f"env.id: {cfg.env.id!r} has action space {action_space}; agent.algo=dqn needs a "
-                              "Discrete one (for continuous actions use agent.algo=sac, e.g. configs/pendulum_sac.yaml)")
+                              "Discrete one (for continuous actions: agent.algo=sac, as in configs/pendulum_sac.yaml)")
         if not isinstance(obs_space, gym.spaces.Box):
             raise ConfigError(f"env.id: {cfg.env.id!r} has observation space {obs_space}; a Box is needed")
         shape = obs_space.shape or ()
