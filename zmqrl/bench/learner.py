@@ -53,20 +53,23 @@ FEEDERS = 4
 DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--actor-rate)
 
 
-class _Pause:
-    """The learner's pause request as an actor reads it: ``pause`` in the meta of its incarnation's models."""
+class _Control:
+    """The learner's requests as an actor reads them from its incarnation's models: ``pause``
+    (the rate limiter) and ``done`` (the run is over)."""
 
     def __init__(self, tracker: VersionTracker) -> None:
-        self.tracker, self.on = tracker, False
+        self.tracker, self.pause, self.done = tracker, False, False
 
     def __call__(self, msg: Message) -> None:
         if msg.incarnation == self.tracker.incarnation or self.tracker.incarnation is None:
-            self.on = msg.meta.get("pause") is True
+            self.pause = msg.meta.get("pause") is True
+            self.done = self.done or bool(msg.meta.get("done"))
 
 
 def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     """Helper process: PUSH actor-like batches (n_buffer transitions, priorities, the actor's meta) at a
-    fixed rate once the first model has arrived, holding while the learner asks actors to pause."""
+    fixed rate once the first model has arrived, holding while the learner asks actors to pause and
+    stopping when it says the run is over."""
     net = child_config(p).net
     pool = load_arrays(p["pool"])
     size, n_buffer = len(pool["reward"]), int(p["n_buffer"])
@@ -77,7 +80,7 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     model_limits = limits(net, MODEL)
     sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.sub(model_limits)), connect=p["models"])
     tracker = VersionTracker()
-    pause = _Pause(tracker)
+    control = _Control(tracker)
     inc, name, index = new_incarnation(), f"actor-{p['index']}", int(p["index"])
     sent, blocked_s, paused_s, version = 0, 0.0, 0.0, -1
     offset = (index * 997 * n_buffer) % max(size - n_buffer, 1)
@@ -87,15 +90,15 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     try:
         while not stop.set and time.monotonic() < deadline and version < 0:  # no batch before the first model
             if sub.poll(100, zmq.POLLIN):
-                msg, _ = drain_latest_model(sub, tracker, model_limits, observe=pause)
+                msg, _ = drain_latest_model(sub, tracker, model_limits, observe=control)
                 version = msg.version if msg is not None else version
         first_model_s = time.monotonic() - start
         next_t = time.monotonic()
-        while not stop.set and time.monotonic() < deadline:
-            msg, _ = drain_latest_model(sub, tracker, model_limits, observe=pause)
+        while not stop.set and not control.done and time.monotonic() < deadline:
+            msg, _ = drain_latest_model(sub, tracker, model_limits, observe=control)
             version = msg.version if msg is not None else version
             now = time.monotonic()
-            if pause.on:
+            if control.pause:
                 sub.poll(50, zmq.POLLIN)
                 paused_s += time.monotonic() - now
                 next_t = time.monotonic()  # an actor steps on from where it stopped, with no backlog to make up
@@ -149,10 +152,10 @@ def _window(c: Context, cfg: Any, path: Path, pool: dict[str, np.ndarray], pool_
     def clock() -> None:
         if abort.wait(s.settle_s):
             return
-        t0, o0, i0, p0 = time.perf_counter(), learner.book.opt_steps, learner.inserted, learner.pauses
+        t0, o0, i0, p0 = time.perf_counter(), learner.book.opt_steps, learner.inserted, learner.limiter.pauses
         if abort.wait(s.learner_s):
             return
-        t1, o1, i1, p1 = time.perf_counter(), learner.book.opt_steps, learner.inserted, learner.pauses
+        t1, o1, i1, p1 = time.perf_counter(), learner.book.opt_steps, learner.inserted, learner.limiter.pauses
         window.update(opt_s=(o1 - o0) / (t1 - t0), ingest_s=(i1 - i0) / (t1 - t0), pauses=float(p1 - p0))
         stop.set = True
 

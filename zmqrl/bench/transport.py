@@ -161,11 +161,12 @@ def run(c: Context) -> list[Row]:
     s = c.settings
     path = c.configs(CONFIG)[0]
     common = {"config": str(path)}
-    proxy_addr, relay_addr, recv_addr = free_addr(), free_addr(), free_addr()
+    proxy_addr, relay_addr, recv_addr, no_models = free_addr(), free_addr(), free_addr(), free_addr()
     rows = []
     with Procs(c.logs) as procs:
-        proxy = procs.start("transport-proxy", zmqrl_argv("proxy", str(path), "--bind", proxy_addr,
-                                                          "--learner", recv_addr, "--set", "run.log_level=warning"))
+        proxy = procs.start("transport-proxy", zmqrl_argv(  # --models: nobody there, so no run ever ends it
+            "proxy", str(path), "--bind", proxy_addr, "--learner", recv_addr, "--models", no_models,
+            "--set", "run.log_level=warning"))
         relay_proc = procs.child("transport-relay", relay, {**common, "bind": relay_addr, "connect": recv_addr,
                                                             "out": str(c.path("relay.json"))})
         for kind, n in (("cartpole", s.small_messages), ("atari", s.large_messages)):
