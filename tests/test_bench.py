@@ -186,6 +186,17 @@ def test_every_group_module_has_a_run_function() -> None:
         registry.group("warp")
 
 
+def test_groups_configs_exist_and_every_solve_config_has_an_sb3_peer() -> None:
+    from zmqrl.bench import actor, scaling
+
+    for name in (*actor.CONFIGS, *solve.CONFIGS, *scaling.BARE_CONFIGS, scaling.CONFIG):
+        assert (REPO / "configs" / name).is_file(), name
+    for name in solve.CONFIGS:
+        cfg = harness.load_config(REPO / "configs" / name)
+        assert cfg.trainer.stop_return is not None, name
+        assert (cfg.agent.algo, cfg.env.id) in solve.SB3_PEERS, name
+
+
 def test_sb3_is_optional(tmp_path: Path) -> None:
     ctx = harness.Context(bench.Settings(sb3=True, sb3_python=str(tmp_path / "no-python")), tmp_path)
     assert solve.sb3_interpreter(ctx) is None
@@ -272,7 +283,7 @@ def test_replay_rows(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     started = time.monotonic()
@@ -282,10 +293,11 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     errors = [r for r in rows if r["note"].startswith("error:")]
     assert code == 0 and not errors, errors
     by_name = {r["name"]: r for r in rows}
-    expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "actor_cartpole_dqn", "transport_cartpole_1024",
-                "transport_atari_64", "transport_cartpole_1024_direct", "transport_atari_64_direct",
-                "learner_opt_steps", "broadcast_1mb", "broadcast_10mb", "startup_s", "scaling_1_actors",
-                "solve_cartpole_dqn_local_vs_train"}
+    expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "actor_cartpole_dqn", "actor_pendulum_sac",
+                "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
+                "transport_atari_64_direct", "learner_opt_steps", "broadcast_1mb", "broadcast_10mb", "startup_s",
+                "scaling_1_actors", "scaling_halfcheetah_sac_local_vs_bare", "solve_cartpole_dqn_local_vs_train",
+                "solve_pendulum_sac_local_vs_train"}
     assert expected <= set(by_name), expected - set(by_name)
     for row in rows:
         check_schema(row)
@@ -297,7 +309,7 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
         assert by_name[f"transport_{kind}_direct"]["goal"] is None
         assert by_name[f"transport_{kind}"]["measured"] == by_name[f"transport_{kind}_direct"]["measured"]
     assert "subscribe to its models like actors" in by_name["learner_opt_steps"]["note"]
-    assert elapsed < 240, f"the smoke run took {elapsed:.0f}s"
+    assert elapsed < 450, f"the smoke run took {elapsed:.0f}s"  # ~70 s on 2 idle cores, ~150 s shared
 
 
 # --- soak -----------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ group (--only)     measured vs baseline                                         
 replay             bytes per stored transition vs the transition's raw payload        <= 1.1
                    (and, for stacked frames, vs storing obs and next_obs)             <= 0.35
 actor              env steps/s of the real actor sending to a sink vs its bare        >= 0.9
-                   acting loop, per config
+                   acting loop, per config (CartPole DQN, Pendulum SAC)
 transport          batches/s through the proxy vs a relay inside libzmq               >= 0.9
                    (and vs direct PUSH->PULL: reported, not judged)                   (none)
 learner            opt steps/s while ingesting 4 actors' batches (feeders obey the    >= 0.9
@@ -21,8 +21,10 @@ learner            opt steps/s while ingesting 4 actors' batches (feeders obey t
 broadcast          model publish -> loaded in a subscriber process (median ms)        goal/ms >= 1
 startup            ``zmqrl local`` launch -> first transition in replay (s)           goal/s >= 1
 scaling            env steps/s of ``zmqrl local`` with N actors vs 1 actor            (none)
+                   and on HalfCheetah (SAC) vs a bare loop of the same env            (none)
 solve              time to the config's stop return: ``zmqrl local`` vs ``train``     (none)
                    (and vs Stable-Baselines3's peer with ``--sb3``), per config       <= 0.5
+                   (CartPole DQN, Pendulum SAC)
 =================  =================================================================  ============
 
     zmqrl bench                       # everything

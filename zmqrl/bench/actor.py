@@ -9,6 +9,7 @@ from typing import Any
 import zmq
 
 from zmqrl.bench.harness import (
+    BenchError,
     Context,
     Procs,
     Row,
@@ -25,7 +26,7 @@ from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import options, read_json
 from zmqrl.wire import SocketOptions, encode_model, make_socket, send_frames
 
-CONFIGS = ("cartpole_dqn.yaml",)
+CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml")
 MODEL_INTERVAL_S = 0.1  # a new model version this often, as a learner with a short sync interval sends them
 
 
@@ -58,7 +59,8 @@ def models(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     """Helper process: publish the params in ``p["params"]`` (an .npz) as a new model version every ``interval_s``.
 
     The actor's stand-in for a learner, in its own process as a learner is: the first model goes
-    out once a subscriber is connected, the rest follow until SIGTERM.
+    out once a subscriber is connected, the rest follow until SIGTERM, each with the meta a
+    learner sends (``p["meta"]``: the task signature the actor checks, no pause).
     """
     net = child_config(p).net
     params = load_arrays(p["params"])
@@ -69,7 +71,8 @@ def models(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
         await_subscriber(pub, p["timeout_s"])
         while not stop.set:
             try:
-                send_frames(pub, encode_model("learner", "bench-learner", version, params), flags=zmq.NOBLOCK)
+                send_frames(pub, encode_model("learner", "bench-learner", version, params, meta=p["meta"]),
+                            flags=zmq.NOBLOCK)
                 version += 1
             except zmq.Again:
                 pass
@@ -103,13 +106,15 @@ def measure(c: Context, path: Path) -> Row:
 
     from zmqrl.acting import make_task
     from zmqrl.roles.actor import Actor
+    from zmqrl.roles.fit import task_signature
 
     s = c.settings
     torch.set_num_threads(1)
     overrides = ["actor.nice=0"]
     cfg = load_config(path, *overrides)
     tag = cfg.run.name
-    params_path = save_arrays(c.path(f"actor-{tag}-model.npz"), make_task(cfg).agent().params())
+    task = make_task(cfg)
+    params_path = save_arrays(c.path(f"actor-{tag}-model.npz"), task.agent().params())
     sink_addr, model_addr = free_addr(), free_addr()
     out = c.path(f"actor-{tag}-sink.json")
     common = {"config": str(path), "overrides": overrides}
@@ -120,6 +125,7 @@ def measure(c: Context, path: Path) -> Row:
                                                             "timeout_s": 600})
         models_proc = procs.child(f"actor-{tag}-models", models, {
             **common, "bind": model_addr, "params": str(params_path), "interval_s": MODEL_INTERVAL_S,
+            "meta": {"pause": False, "task": task_signature(task)},
             "timeout_s": 60, "out": str(c.path(f"actor-{tag}-models.json"))})
         actor = Actor(cfg, 0, sink_addr, model_addr)
         stop = StopFlag()
@@ -136,6 +142,8 @@ def measure(c: Context, path: Path) -> Row:
                 real.append((actor.stats.env_steps - steps0) / elapsed)
         finally:
             actor.close()
+        if actor.refused:
+            raise BenchError(f"{path.name}: the actor refused the models: {actor.refused}")
         sent = actor.stats.batches
         sink_proc.stop()
         got = (read_json(out) or {}).get("batches", 0)

@@ -1,4 +1,5 @@
-"""Scaling group: env steps/s of ``zmqrl local`` with N actors vs 1 actor (rate limiter off)."""
+"""Scaling group: env steps/s of ``zmqrl local`` (rate limiter off) with N actors vs 1 actor, and on
+MuJoCo vs a bare acting loop of the same envs."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zmqrl.bench.harness import Context, Procs, Row, make_row, zmqrl_argv
+from zmqrl.bench.harness import Context, Procs, Row, load_config, make_row, zmqrl_argv
 from zmqrl.roles.common import read_json
 
-CONFIG = "cartpole_dqn.yaml"
+CONFIG = "cartpole_dqn.yaml"  # the N-actor rows
+BARE_CONFIGS = ("halfcheetah_sac.yaml",)  # the local-vs-bare rows
+BARE_ACTORS = 2  # `zmqrl local`'s default
 LIMITER_OFF = "trainer.min_samples_per_insert=0"  # actors step as fast as they can: what the row measures
 
 
@@ -52,6 +55,40 @@ def _window_detail(first: dict[str, Any], last: dict[str, Any]) -> str:
     return f"{span:.1f}s window of learner summaries; per actor {per}"
 
 
+def bare_rate(path: Path, seconds: float) -> float:
+    """Env steps/s of actor 0's acting loop of config ``path`` (envs, policy, n-step builder) in this process."""
+    import torch
+
+    from zmqrl.acting import ActingLoop, make_task
+
+    torch.set_num_threads(1)
+    cfg = load_config(path)
+    task = make_task(cfg)
+    seed = cfg.run.seed + 1000
+    loop = ActingLoop(cfg, task.policy(seed, backend=cfg.actor.backend), task.exploration(0), seed)
+    try:
+        n, start = 0, time.perf_counter()
+        while n < 256 or time.perf_counter() - start < seconds:
+            loop.step()
+            n += loop.num_envs
+        return n / (time.perf_counter() - start)
+    finally:
+        loop.close()
+
+
+def local_vs_bare(c: Context, path: Path) -> Row:
+    """Total env steps/s of ``zmqrl local --actors 2`` vs one bare acting loop of the same envs and policy."""
+    cfg = load_config(path)
+    rate, detail = local_env_rate(c, path, BARE_ACTORS, cfg.run.name)
+    seconds = 2 * c.settings.actor_s
+    bare = bare_rate(path, seconds)
+    return make_row(f"scaling_{cfg.run.name}_local_vs_bare", rate, bare, "env steps/s",
+                    f"`zmqrl local {path.name} --actors {BARE_ACTORS} --no-evaluator`, rate limiter off "
+                    f"({LIMITER_OFF}), learner training ({cfg.agent.algo}, device {cfg.run.device}) on the same "
+                    f"{os.cpu_count()} CPUs; {detail}; baseline: one ActingLoop of the same {cfg.env.num_envs} "
+                    f"{cfg.env.id} env(s) and policy in the bench process, {seconds:g} s, nothing else running")
+
+
 def run(c: Context) -> list[Row]:
     s = c.settings
     path = c.configs(CONFIG)[0]
@@ -64,4 +101,5 @@ def run(c: Context) -> list[Row]:
                              f"`zmqrl local {path.name} --actors {n} --no-evaluator`, rate limiter off "
                              f"({LIMITER_OFF}), learner training on the same {os.cpu_count()} CPUs; vs {base_n} "
                              f"actor; {detail}"))
+    rows.extend(local_vs_bare(c, bare) for bare in c.configs(*BARE_CONFIGS))
     return rows

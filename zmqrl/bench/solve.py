@@ -29,7 +29,7 @@ from zmqrl.bench.harness import (
 )
 from zmqrl.roles.common import read_json
 
-CONFIGS = ("cartpole_dqn.yaml",)
+CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml")
 SB3_GOAL = 0.5  # zmqrl local takes at most this share of SB3's wall time
 SB3_EVAL_EVERY = 1000  # env steps between SB3's greedy evaluations
 SB3_EVAL_EPISODES = 10
@@ -199,7 +199,7 @@ def measure(c: Context, path: Path) -> list[Row]:
         else:
             sb3 = [_sb3_once(c, python, peer, cfg.env.id, target, tag, seed) for seed in range(s.seeds)]
             sb3_note = (f"{what}; SB3 {peer.algo} ({peer.source}), greedy eval of {SB3_EVAL_EPISODES} episodes every "
-                        f"{SB3_EVAL_EVERY} steps: {_describe(sb3)} (unsolved: all {peer.steps:,} steps); "
+                        f"{SB3_EVAL_EVERY} steps, at most {peer.steps:,} steps: {_describe(sb3)}; "
                         f"`zmqrl local` {_describe(local)}; never met while a zmqrl run is unsolved")
             rows.append(make_row(name, local_s, median([r.wall_s for r in sb3]), "s", sb3_note, ("<=", SB3_GOAL),
                                  complete=all(r.solved for r in local)))

@@ -73,11 +73,11 @@ def _fmt(value: float | None) -> str:
 
 def format_table(rows: Sequence[Row]) -> str:
     """The rows as a fixed-width table, notes last."""
-    header = f"{'name':<34}{'measured':>12}{'baseline':>12}{'ratio':>8}  {'goal':<8}{'met':<6}{'unit':<18}note"
+    header = f"{'name':<38}{'measured':>12}{'baseline':>12}{'ratio':>8}  {'goal':<8}{'met':<6}{'unit':<18}note"
     lines = [header, "-" * len(header)]
     for r in rows:
         met = "-" if r.met is None else "yes" if r.met else "NO"
-        lines.append(f"{r.name:<34}{_fmt(r.measured):>12}{_fmt(r.baseline):>12}{_fmt(r.ratio):>8}  "
+        lines.append(f"{r.name:<38}{_fmt(r.measured):>12}{_fmt(r.baseline):>12}{_fmt(r.ratio):>8}  "
                      f"{r.goal or '-':<8}{met:<6}{r.unit:<18}{r.note}")
     return "\n".join(lines)
 
