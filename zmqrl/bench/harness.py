@@ -1,0 +1,472 @@
+"""What every bench group shares: rows and their verdicts, settings, process control, helper processes.
+
+Group modules (:mod:`zmqrl.bench.replay`, :mod:`zmqrl.bench.actor`, ...) import this module;
+it imports none of them and names no algorithm: each group picks its own configs.
+
+Processes are started with the local launcher's :class:`~zmqrl.roles.local.Role` (own session,
+one thread, a log file, SIGTERM should the bench die) and stopped with its staged stop;
+results come back through :func:`zmqrl.checkpoint.write_json_atomic` and
+:func:`zmqrl.roles.common.read_json`. Helper processes are ``python -c`` children running
+:func:`child_main`, which calls a function named ``module:name`` of a group module; they import
+numpy, pyzmq, the config and :mod:`zmqrl.wire` (torch only where a policy is needed), so they
+start in well under a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from zmqrl.checkpoint import write_json_atomic
+from zmqrl.lifecycle import StopFlag
+from zmqrl.roles.common import free_port, read_json
+from zmqrl.roles.local import Role, _stop_all
+
+if TYPE_CHECKING:
+    import numpy as np
+    import zmq
+
+    from zmqrl.config import Config
+
+REPO = Path(__file__).resolve().parent.parent.parent
+CONFIGS = REPO / "configs"
+HOST = "127.0.0.1"
+TRANSITION_KEYS = ("obs", "action", "reward", "next_obs", "discount")
+
+
+class BenchError(RuntimeError):
+    """A measurement could not be taken (a process died, a deadline passed)."""
+
+
+# ------------------------------------------------------------------------------------- rows
+
+
+@dataclass
+class Row:
+    """One line of the table (and one object of the JSON list)."""
+
+    name: str
+    measured: float | None
+    baseline: float | None
+    ratio: float | None  # measured / baseline, or baseline / measured for rows whose goal is an upper bound
+    goal: str | None  # a condition on ``ratio``, e.g. ">= 0.9"; None where there is no goal
+    met: bool | None  # None where there is no goal or nothing was measured
+    unit: str = ""
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def make_row(name: str, measured: float | None, baseline: float | None, unit: str, note: str,
+             goal: tuple[str, float] | None = None, inverse: bool = False, complete: bool = True) -> Row:
+    """A row whose ratio and verdict follow from its own two figures and nothing else.
+
+    ``ratio`` is ``measured / baseline`` (``baseline / measured`` with ``inverse``, for rows whose
+    baseline is an absolute goal such as 5 ms), computed from the figures as stored (5 significant
+    digits), so anyone can recompute it from the JSON. ``goal`` = (">=" or "<=", value) on the
+    ratio; ``met`` is that comparison. ``complete=False`` says a figure is only a bound (a run hit
+    its cap): such a row is never met, whatever its ratio.
+    """
+    measured, baseline = _clean(measured), _clean(baseline)
+    ratio = None
+    if measured is not None and baseline is not None and measured > 0 and baseline > 0:
+        ratio = _clean(baseline / measured if inverse else measured / baseline)
+    row = Row(name, measured, baseline, ratio, None, None, unit, note)
+    if goal is not None:
+        op, value = goal
+        if op not in (">=", "<="):
+            raise ValueError(f"goal operator must be >= or <=, got {op!r}")
+        row.goal = f"{op} {value:g}"
+        if ratio is not None:
+            row.met = complete and (ratio >= value if op == ">=" else ratio <= value)
+    return row
+
+
+def skipped_row(name: str, unit: str, reason: str, goal: tuple[str, float] | None = None) -> Row:
+    """A row that was not measured (``met`` stays None)."""
+    return make_row(name, None, None, unit, f"skipped: {reason}", goal)
+
+
+def error_row(name: str, exc: BaseException, work: Path) -> Row:
+    """The one row of a group that failed: ``met`` False and the error in the note."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return Row(name, None, None, None, None, False, "", f"error: {type(exc).__name__}: {first} (logs kept in {work})")
+
+
+def _clean(value: float | None) -> float | None:
+    """Plain floats rounded to 5 significant digits (JSON-friendly); None for missing or non-finite."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{float(value):.5g}")
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+# ------------------------------------------------------------------------------------- settings
+
+
+@dataclass
+class Settings:
+    """Durations and counts of one suite run; see :meth:`preset`."""
+
+    mode: str = "full"
+    reps: int = 2  # alternations of measured and baseline in the transport and learner rows
+    actor_reps: int = 6  # actor rows: alternations of bare loop and real actor
+    actor_s: float = 1.5  # seconds per actor measurement
+    small_messages: int = 20_000  # transport: messages of 1024 small transitions (4 float32 obs)
+    large_messages: int = 400  # transport: messages of 64 transitions of 4x84x84 uint8 frames
+    learner_s: float = 8.0  # seconds of optimisation per learner measurement window
+    settle_s: float = 2.0  # seconds before a learner window opens (senders connected, loop running)
+    publishes: int = 50  # model broadcasts per model size
+    publish_gap_s: float = 0.1  # seconds between 1 MB broadcasts (10 MB: twice that)
+    scaling: tuple[int, ...] = (1, 2, 4)  # actor counts; the first is the baseline
+    scaling_window_s: float = 10.0  # seconds between the learner summaries compared
+    startup_reps: int = 3
+    seeds: int = 3  # solve: seeds 0..seeds-1
+    solve_budget_s: float = 330.0  # wall-clock budget of the capped ``zmqrl local``/``train`` runs of one config
+    actor_rate: float = 0.0  # learner row: transitions/s per simulated actor; 0 = the group's default
+    sb3: bool = False
+    sb3_python: str = ""
+    config: Path | None = None  # --config: measure with this config instead of each group's own
+    keep: Path | None = None  # keep run directories and logs here
+
+    @classmethod
+    def preset(cls, mode: str, **overrides: Any) -> Settings:
+        """``full`` (the longest), ``quick`` (a few minutes) or ``smoke`` (plumbing only, figures meaningless)."""
+        if mode == "quick":
+            base = cls(mode="quick", reps=1, actor_reps=2, actor_s=1.5, small_messages=5000, large_messages=100,
+                       learner_s=4.0, settle_s=1.5, publishes=20, scaling_window_s=5.0, startup_reps=1, seeds=1,
+                       solve_budget_s=60.0)
+        elif mode == "smoke":
+            base = cls(mode="smoke", reps=1, actor_reps=1, actor_s=0.5, small_messages=300, large_messages=20,
+                       learner_s=1.0, settle_s=1.0, publishes=5, publish_gap_s=0.05, scaling=(1,), scaling_window_s=0.0,
+                       startup_reps=1, seeds=1, solve_budget_s=14.0)
+        elif mode == "full":
+            base = cls()
+        else:
+            raise ValueError(f"unknown bench mode {mode!r}")
+        return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass
+class Context:
+    """What the groups of one run share: settings, a work directory, figures measured so far."""
+
+    settings: Settings
+    work: Path
+    measured: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def logs(self) -> Path:
+        path = self.work / "logs"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def path(self, name: str) -> Path:
+        return self.work / name
+
+    def configs(self, *names: str) -> list[Path]:
+        """The group's own config files (names under ``configs/``), or ``--config`` alone when given."""
+        if self.settings.config is not None:
+            return [self.settings.config]
+        return [CONFIGS / name for name in names]
+
+
+def load_config(path: str | Path, *overrides: str) -> Config:
+    """``path`` with seed 0 and ``overrides`` (``KEY=VALUE``) applied."""
+    from zmqrl import config as config_mod
+
+    return config_mod.load(path, ["run.seed=0", *overrides])
+
+
+def free_addr() -> str:
+    """``tcp://127.0.0.1:PORT`` on a port :func:`~zmqrl.roles.common.free_port` hands out."""
+    return f"tcp://{HOST}:{free_port(HOST)}"
+
+
+# ------------------------------------------------------------------------------------- processes
+
+
+def zmqrl_argv(*args: str) -> list[str]:
+    """``python -m zmqrl.cli ARGS...`` with this interpreter (as the local launcher starts roles)."""
+    return [sys.executable, "-m", "zmqrl.cli", *args]
+
+
+_BOOT = "import sys; from zmqrl.bench.harness import child_main; sys.exit(child_main(sys.argv[1:]))"
+
+
+class Proc(Role):
+    """One process a measurement started: a launcher :class:`Role` (own session, one thread, a log
+    file, SIGTERM should this process die) with bounded waits."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path) -> None:
+        super().__init__(name, argv)
+        self.start(log_dir)
+        self.started = time.monotonic()
+
+    @property
+    def popen(self) -> subprocess.Popen:
+        assert self.proc is not None
+        return self.proc
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()  # type: ignore[no-any-return]
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None if still running after ``timeout`` seconds."""
+        try:
+            return self.popen.wait(timeout=max(0.0, timeout))  # type: ignore[no-any-return]
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace_s: float = 5.0) -> int:
+        """SIGTERM, up to ``grace_s`` to exit, then SIGKILL (the launcher's stop); returns the exit code."""
+        _stop_all([self], grace_s)
+        return self.popen.wait()  # type: ignore[no-any-return]
+
+    def failure(self, what: str) -> BenchError:
+        return BenchError(f"{what} ({self.name}, exit code {self.returncode}, log {self.log_path}):\n{self.tail(15)}")
+
+
+class Procs:
+    """The processes of one measurement; leaving the ``with`` block stops every one of them."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[Proc] = []
+        self.sweep_args: list[str] = []  # afterwards, stop leftovers whose command line holds one of these
+
+    def __enter__(self) -> Procs:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop_all()
+
+    def start(self, name: str, argv: list[str]) -> Proc:
+        proc = Proc(name, argv, self.log_dir)
+        self.procs.append(proc)
+        return proc
+
+    def child(self, name: str, func: Callable[[dict[str, Any], StopFlag], dict[str, Any]],
+              params: dict[str, Any]) -> Proc:
+        """A helper process that runs ``func(params, stop)`` (a module-level function) and writes its
+        result to ``params["out"]``."""
+        target = f"{func.__module__}:{func.__qualname__}"
+        return self.start(name, [sys.executable, "-c", _BOOT, target, json.dumps(params)])
+
+    def stop_all(self, grace_s: float = 10.0) -> None:
+        """Stop every process (the launcher's staged stop), then any leftover named by ``sweep_args``."""
+        _stop_all([p for p in self.procs if p.proc is not None], grace_s)
+        for arg in self.sweep_args:
+            kill_pids(pids_with_arg(arg))
+
+
+def wait_launcher(proc: Proc, timeout_s: float) -> int:
+    """The exit code of a launcher (``zmqrl local``/``train``), stopping it after ``timeout_s``."""
+    code = proc.wait(timeout_s)
+    return proc.stop(15.0) if code is None else code
+
+
+def child_result(proc: Proc, out: Path, timeout_s: float) -> dict[str, Any]:
+    """Wait for a helper to exit and return what it wrote to ``out``."""
+    code = proc.wait(timeout_s)
+    if code is None:
+        proc.stop()
+        raise proc.failure(f"no result within {timeout_s:.0f}s")
+    result = read_json(out)
+    if code != 0 or result is None:
+        raise proc.failure("helper failed")
+    return result
+
+
+def child_main(argv: list[str]) -> int:
+    """Entry point of a helper process: ``MODULE:FUNCTION JSON_PARAMS``; writes the result to ``params["out"]``.
+
+    SIGTERM sets the stop flag the function is given (a second one interrupts it).
+    """
+    target, params = argv[0], json.loads(argv[1])
+    module, _, name = target.partition(":")
+    func = getattr(importlib.import_module(module), name)
+    with StopFlag() as stop:
+        result = func(params, stop)
+    write_json_atomic(Path(params["out"]), result)
+    return 0
+
+
+def child_config(params: dict[str, Any]) -> Config:
+    """The config a helper was handed (``params["config"]`` and ``params.get("overrides")``)."""
+    return load_config(params["config"], *params.get("overrides", []))
+
+
+# --- /proc: processes found by their command line -----------------------------------------------
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def ppid_and_state(pid: int) -> tuple[int, str] | None:
+    """The parent pid and state letter (R, S, Z, ...) of ``pid``; None when there is no such process."""
+    stat = read_text(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return int(fields[1]), fields[0]
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    info = ppid_and_state(pid)
+    return info is not None and info[1] != "Z"
+
+
+def cmdline(pid: int) -> list[str]:
+    text = read_text(f"/proc/{pid}/cmdline")
+    return [a for a in text.split("\0") if a] if text else []
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid``: from ``/proc/PID/task/*/children`` where the kernel has it, else a scan."""
+    found: set[int] = set()
+    have_children_files = False
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            text = read_text(str(task / "children"))
+            if text is not None:
+                have_children_files = True
+                found.update(int(x) for x in text.split())
+    except OSError:
+        return []
+    if have_children_files:
+        return sorted(found)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            info = ppid_and_state(int(entry.name))
+            if info is not None and info[0] == pid:
+                found.add(int(entry.name))
+    return sorted(found)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...)."""
+    out: list[int] = []
+    todo = children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children(p))
+    return out
+
+
+def pids_with_arg(arg: str) -> list[int]:
+    """Live processes other than this one with ``arg`` as one exact command-line argument (a unique run directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and arg in cmdline(int(entry.name)) \
+                and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_pids(pids: list[int], grace_s: float = 5.0) -> None:
+    """SIGTERM each pid, then SIGKILL whatever is left after ``grace_s``."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ------------------------------------------------------------------------------------- sockets
+
+
+def await_subscriber(pub: zmq.Socket, timeout_s: float) -> None:
+    """Block until an XPUB socket sees a subscription (the subscriber is connected)."""
+    import zmq
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pub.poll(100, zmq.POLLIN):
+            event = pub.recv()
+            if event and event[0] == 1:
+                return
+    raise BenchError(f"no subscriber connected within {timeout_s:.0f}s")
+
+
+# ------------------------------------------------------------------------------------- workloads
+
+
+def uniform_actions(stepper: Any, rng: np.random.Generator) -> np.ndarray:
+    """One uniformly random action per env of a vector (dtype as the single env's action space)."""
+    import numpy as np
+
+    space = stepper.vec.single_action_space
+    space.seed(int(rng.integers(2**31)))
+    return np.stack([np.asarray(space.sample()) for _ in range(stepper.num_envs)])
+
+
+def transition_pool(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``n`` real n-step transitions of the configured env under a uniform random policy, as actors build them."""
+    import numpy as np
+
+    from zmqrl.envs import VectorStepper, make_vector_env
+    from zmqrl.replay import NStepBuilder
+
+    stepper = VectorStepper(make_vector_env(cfg.env, cfg.env.num_envs, seed), seed)
+    nstep = NStepBuilder(cfg.env.num_envs, cfg.agent.n_step, cfg.agent.gamma)
+    rng = np.random.default_rng(seed)
+    parts, count = [], 0
+    try:
+        while count < n:
+            step = stepper.step(uniform_actions(stepper, rng))
+            out = nstep.push(step.obs, step.action, step.reward, step.next_obs, step.terminated, step.truncated)
+            if out is not None:
+                parts.append(out)
+                count += len(out["reward"])
+    finally:
+        stepper.close()
+    return {k: np.ascontiguousarray(np.concatenate([p[k] for p in parts])[:n]) for k in TRANSITION_KEYS}
+
+
+def save_arrays(path: Path, arrays: dict[str, Any]) -> Path:
+    """Named arrays as an ``.npz`` a helper process reads back with ``allow_pickle=False``."""
+    import numpy as np
+
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)  # type: ignore[arg-type]
+    return path
+
+
+def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}

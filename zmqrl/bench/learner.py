@@ -1,0 +1,221 @@
+"""Learner group: opt steps/s of the real Learner loop while ingesting actors' batches vs idle.
+
+The batches come from feeder processes that behave like actors towards the learner: they
+subscribe to its models, send nothing before the first one, and hold while the rate limiter's
+``pause`` (in model meta, below ``trainer.min_samples_per_insert``) is on, as actors do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from zmqrl.bench.harness import (
+    TRANSITION_KEYS,
+    BenchError,
+    Context,
+    Procs,
+    Row,
+    child_config,
+    free_addr,
+    load_arrays,
+    load_config,
+    make_row,
+    median,
+    save_arrays,
+    transition_pool,
+)
+from zmqrl.lifecycle import StopFlag
+from zmqrl.roles.common import limits, options, read_json
+from zmqrl.wire import (
+    BATCH,
+    MODEL,
+    Message,
+    SocketOptions,
+    VersionTracker,
+    drain_latest_model,
+    encode,
+    make_socket,
+    new_incarnation,
+    send_frames,
+)
+
+CONFIG = "cartpole_dqn.yaml"
+FEEDERS = 4
+DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--actor-rate)
+
+
+class _Control:
+    """The learner's requests as an actor reads them from its incarnation's models: ``pause``
+    (the rate limiter) and ``done`` (the run is over)."""
+
+    def __init__(self, tracker: VersionTracker) -> None:
+        self.tracker, self.pause, self.done = tracker, False, False
+
+    def __call__(self, msg: Message) -> None:
+        if msg.incarnation == self.tracker.incarnation or self.tracker.incarnation is None:
+            self.pause = msg.meta.get("pause") is True
+            self.done = self.done or bool(msg.meta.get("done"))
+
+
+def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
+    """Helper process: PUSH actor-like batches (n_buffer transitions, priorities, the actor's meta) at a
+    fixed rate once the first model has arrived, holding while the learner asks actors to pause and
+    stopping when it says the run is over."""
+    net = child_config(p).net
+    pool = load_arrays(p["pool"])
+    size, n_buffer = len(pool["reward"]), int(p["n_buffer"])
+    interval = n_buffer / float(p["rate"])
+    ctx = zmq.Context(io_threads=1)
+    push = make_socket(ctx, zmq.PUSH, options(net, SocketOptions.push(sndhwm=int(p["sndhwm"])), data_path=True),
+                       connect=p["connect"])
+    model_limits = limits(net, MODEL)
+    sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.sub(model_limits)), connect=p["models"])
+    tracker = VersionTracker()
+    control = _Control(tracker)
+    inc, name, index = new_incarnation(), f"actor-{p['index']}", int(p["index"])
+    sent, blocked_s, paused_s, version = 0, 0.0, 0.0, -1
+    offset = (index * 997 * n_buffer) % max(size - n_buffer, 1)
+    start = time.monotonic()
+    deadline = start + p["timeout_s"]
+    first_model_s: float | None = None
+    try:
+        while not stop.set and time.monotonic() < deadline and version < 0:  # no batch before the first model
+            if sub.poll(100, zmq.POLLIN):
+                msg, _ = drain_latest_model(sub, tracker, model_limits, observe=control)
+                version = msg.version if msg is not None else version
+        first_model_s = time.monotonic() - start
+        next_t = time.monotonic()
+        while not stop.set and not control.done and time.monotonic() < deadline:
+            msg, _ = drain_latest_model(sub, tracker, model_limits, observe=control)
+            version = msg.version if msg is not None else version
+            now = time.monotonic()
+            if control.pause:
+                sub.poll(50, zmq.POLLIN)
+                paused_s += time.monotonic() - now
+                next_t = time.monotonic()  # an actor steps on from where it stopped, with no backlog to make up
+                continue
+            if now < next_t:
+                sub.poll(max(1, int(min(next_t - now, 0.05) * 1000)), zmq.POLLIN)
+                continue
+            next_t = max(next_t + interval, now - 1.0)  # never burst more than 1 s of backlog
+            lo = (offset + sent * n_buffer) % (size - n_buffer)
+            batch = {k: pool[k][lo:lo + n_buffer] for k in (*TRANSITION_KEYS, "priority")}
+            wall = now - start
+            stats = {"env_steps": (sent + 1) * n_buffer, "episodes": 3 * (sent + 1), "batches": sent,
+                     "transitions": sent * n_buffer, "bytes_sent": 0, "blocked_s": round(blocked_s, 3),
+                     "paused_s": round(paused_s, 3), "model_updates": 1, "bad_models": 0, "wall_s": round(wall, 3),
+                     "env_steps_per_s": (sent + 1) * n_buffer / max(wall, 1e-9)}
+            meta = {"episodes": {"returns": [21.0, 17.0, 30.0], "lengths": [21, 17, 30]}, "actor": index,
+                    "max_version": version, "model_inc": tracker.incarnation, "explore": 0.4, "stats": stats}
+            frames = encode(BATCH, sender=name, incarnation=inc, seq=sent, version=version, arrays=batch, meta=meta)
+            t0 = time.monotonic()
+            while not stop.set:
+                try:
+                    send_frames(push, frames, flags=zmq.NOBLOCK)
+                    sent += 1
+                    break
+                except zmq.Again:
+                    push.poll(100, zmq.POLLOUT)
+            blocked_s += time.monotonic() - t0
+    finally:
+        push.close(linger=0)
+        sub.close(linger=0)
+        ctx.term()
+    return {"sent": sent, "transitions": sent * n_buffer, "blocked_s": blocked_s, "paused_s": paused_s,
+            "first_model_s": first_model_s, "wall_s": time.monotonic() - start}
+
+
+def _window(c: Context, cfg: Any, path: Path, pool: dict[str, np.ndarray], pool_path: Path, feeders: int,
+            rate: float, tag: str) -> dict[str, float]:
+    """Opt steps/s (and transitions/s ingested) of an in-process Learner over one measurement window."""
+    from zmqrl.roles.learner import Learner
+
+    s = c.settings
+    cfg = copy.deepcopy(cfg)
+    with contextlib.redirect_stderr(io.StringIO()):  # the progress view binds stderr here: keep it quiet
+        learner = Learner(cfg, c.path(f"learner-{tag}"), free_addr(), free_addr(), free_addr())
+        learner.agent_ready(block=True)  # (built in the background): measure training, not its startup
+    learner.replay.add({k: pool[k] for k in TRANSITION_KEYS}, priorities=pool["priority"])
+    stop = StopFlag()
+    window: dict[str, float] = {}
+    abort = threading.Event()
+
+    def clock() -> None:
+        if abort.wait(s.settle_s):
+            return
+        t0, o0, i0, p0 = time.perf_counter(), learner.book.opt_steps, learner.inserted, learner.limiter.pauses
+        if abort.wait(s.learner_s):
+            return
+        t1, o1, i1, p1 = time.perf_counter(), learner.book.opt_steps, learner.inserted, learner.limiter.pauses
+        window.update(opt_s=(o1 - o0) / (t1 - t0), ingest_s=(i1 - i0) / (t1 - t0), pauses=float(p1 - p0))
+        stop.set = True
+
+    outs = [c.path(f"feed-{tag}-{i}.json") for i in range(feeders)]
+    with Procs(c.logs) as procs:
+        for i, out in enumerate(outs):
+            procs.child(f"feed-{tag}-{i}", feed, {
+                "config": str(path), "connect": learner.endpoints["data"], "models": learner.endpoints["model"],
+                "pool": str(pool_path), "rate": rate, "n_buffer": cfg.actor.n_buffer, "sndhwm": cfg.actor.send_hwm,
+                "index": i, "out": str(out), "timeout_s": s.settle_s + s.learner_s + 120})
+        thread = threading.Thread(target=clock, name="bench-clock", daemon=True)
+        thread.start()
+        try:
+            learner.run(stop)
+        finally:
+            abort.set()
+            stop.set = True
+            thread.join(5.0)
+    if "opt_s" not in window:
+        raise BenchError("the learner stopped before its measurement window closed")
+    results = [read_json(out) or {} for out in outs]
+    window["rejected"] = float(learner.rejected_total())
+    window["paused_share"] = sum(r.get("paused_s", 0.0) / max(r.get("wall_s", 0.0), 1e-9) for r in results) / \
+        max(len(results), 1)
+    return window
+
+
+def run(c: Context) -> list[Row]:
+    """Opt steps/s of the real Learner loop, replay prefilled, idle vs ingesting 4 feeders' batches."""
+    import torch
+
+    s = c.settings
+    torch.set_num_threads(1)
+    path = c.configs(CONFIG)[0]
+    cfg = load_config(path, "trainer.stop_return=null", "trainer.max_opts=100000000", "run.log_level=warning")
+    prefill = min(20_000, cfg.replay.capacity)
+    pool = transition_pool(cfg, prefill, seed=1)
+    pool["priority"] = np.random.default_rng(1).uniform(0.01, 2.0, prefill).astype(np.float32)
+    pool_path = save_arrays(c.path("learner-pool.npz"), pool)
+    rate = s.actor_rate or DEFAULT_RATE
+    idle: list[float] = []
+    busy: list[float] = []
+    ingest: list[float] = []
+    paused: list[float] = []
+    rejected = pauses = 0.0
+    for rep in range(s.reps):
+        idle.append(_window(c, cfg, path, pool, pool_path, 0, rate, f"idle-{rep}")["opt_s"])
+        w = _window(c, cfg, path, pool, pool_path, FEEDERS, rate, f"ingest-{rep}")
+        busy.append(w["opt_s"])
+        ingest.append(w["ingest_s"])
+        paused.append(w["paused_share"])
+        rejected += w["rejected"]
+        pauses += w["pauses"]
+    limiter = cfg.trainer.min_samples_per_insert
+    limiter_text = (f"rate limiter on as configured (pause below {limiter:g} samples per insert): the feeders "
+                    f"were paused {median(paused):.0%} of their running time, {pauses:.0f} pause request(s) in "
+                    "the windows" if limiter > 0 else "rate limiter off in this config")
+    note = (f"{path.name}: in-process Learner.run, {'prioritized' if cfg.replay.prioritized else 'uniform'} replay "
+            f"prefilled with {prefill}; {FEEDERS} feeder processes subscribe to its models like actors and PUSH "
+            f"{cfg.actor.n_buffer}-transition batches at up to {rate:,.0f}/s each while not paused; "
+            f"{limiter_text}; ingested {median(ingest):,.0f} transitions/s; {rejected:.0f} rejected; "
+            f"median of {s.reps}")
+    return [make_row("learner_opt_steps", median(busy), median(idle), "opt steps/s", note, (">=", 0.9))]

@@ -1,0 +1,77 @@
+"""Replay group: bytes per stored transition, for the config's env and for stacked Atari-sized frames."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from zmqrl.bench.harness import Context, Row, load_config, make_row, transition_pool
+
+CONFIG = "cartpole_dqn.yaml"
+NOISE_FRAMES_ID = "zmqrl/NoiseFrames-v0"
+
+
+def _register_noise_frames() -> None:
+    """Register an env of 84x84 uint8 noise frames (Atari's observation shape without ALE)."""
+    import gymnasium as gym
+
+    class NoiseFrames(gym.Env):
+        """A new random 84x84 frame every step; episodes of ``episode_len`` steps."""
+
+        observation_space = gym.spaces.Box(0, 255, (84, 84), np.uint8)
+        action_space = gym.spaces.Discrete(6)
+
+        def __init__(self, **kwargs: Any) -> None:
+            self.episode_len, self.t = int(kwargs.get("episode_len", 400)), 0
+
+        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+            super().reset(seed=seed)
+            self.t = 0
+            return self.np_random.integers(0, 256, (84, 84), dtype=np.uint8), {}
+
+        def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+            self.t += 1
+            frame = self.np_random.integers(0, 256, (84, 84), dtype=np.uint8)
+            return frame, 0.0, self.t >= self.episode_len, False, {}
+
+    if NOISE_FRAMES_ID not in gym.registry:
+        gym.register(NOISE_FRAMES_ID, entry_point=NoiseFrames)
+
+
+def run(c: Context) -> list[Row]:
+    """Bytes per stored transition for the config's env and for stacked Atari-sized frames (configured replay)."""
+    from zmqrl.bookkeeping import make_replay_from
+
+    path = c.configs(CONFIG)[0]
+    cfg = load_config(path)
+    replay = make_replay_from(cfg)
+    batch = transition_pool(cfg, 256)
+    replay.add(batch)
+    raw = sum(a[0].nbytes for a in batch.values())
+    per_slot = replay.nbytes / replay.capacity
+    tree = getattr(replay, "tree", None)
+    tree_bytes = tree.nbytes / replay.capacity if tree is not None else 0.0
+    kind = "prioritized" if tree is not None else "uniform"
+    rows = [make_row(f"replay_bytes_{cfg.run.name}", per_slot, raw, "bytes/transition",
+                     f"{path.name}: {kind} replay of {cfg.replay.capacity}: {per_slot - tree_bytes:.1f} B of items + "
+                     f"{tree_bytes:.1f} B of priorities per slot vs {raw} B raw payload of one {cfg.env.id} "
+                     "transition", ("<=", 1.1))]
+
+    _register_noise_frames()
+    capacity, stack = 2000, 4
+    frames_cfg = load_config(path, f"env.id={NOISE_FRAMES_ID}", "env.wrappers=[frame_stack]",
+                             f"env.frame_stack={stack}", "env.num_envs=8", f"replay.capacity={capacity}")
+    image_replay = make_replay_from(frames_cfg)
+    stream = transition_pool(frames_cfg, capacity + capacity // 2)  # the ring wraps: frames are freed too
+    for i in range(0, len(stream["reward"]), 64):
+        image_replay.add({k: v[i:i + 64] for k, v in stream.items()})
+    per_slot = image_replay.nbytes / len(image_replay)
+    stacks = stream["obs"][0].nbytes + stream["next_obs"][0].nbytes
+    pooled = "each distinct frame stored once" if image_replay.frame_keys else "obs and next_obs stored as given"
+    rows.append(make_row("replay_bytes_frames", per_slot, stacks, "bytes/transition",
+                         f"{stack}x84x84 uint8 stacks of 8 envs (FrameStackObservation over noise frames, "
+                         f"{frames_cfg.agent.n_step}-step), {kind} replay of {capacity} after "
+                         f"{len(stream['reward'])} adds: {pooled}; baseline = obs + next_obs stacks",
+                         ("<=", 0.35)))
+    return rows

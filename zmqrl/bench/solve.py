@@ -1,0 +1,210 @@
+"""Solve group: wall time to the config's ``trainer.stop_return``, per config.
+
+``zmqrl local`` vs ``zmqrl train`` for every config, and with ``--sb3`` vs Stable-Baselines3's
+peer of the config's algorithm on its env (rl-baselines3-zoo's hyperparameters) where
+:data:`SB3_PEERS` has one. SB3 runs in the interpreter ``--sb3-python`` names (its own venv): the
+suite itself never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zmqrl.bench.harness import (
+    BenchError,
+    Context,
+    Procs,
+    Row,
+    load_config,
+    make_row,
+    median,
+    skipped_row,
+    wait_launcher,
+    zmqrl_argv,
+)
+from zmqrl.roles.common import read_json
+
+CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml")
+SB3_GOAL = 0.5  # zmqrl local takes at most this share of SB3's wall time
+SB3_EVAL_EVERY = 1000  # env steps between SB3's greedy evaluations
+SB3_EVAL_EPISODES = 10
+
+
+@dataclass(frozen=True)
+class Sb3Peer:
+    """A Stable-Baselines3 algorithm with rl-baselines3-zoo's hyperparameters for one env."""
+
+    algo: str  # the stable_baselines3 class
+    steps: int  # rl-zoo's n_timesteps: the run stops there if it has not solved
+    kwargs: dict[str, Any] = field(default_factory=dict)  # given to the class; everything else is SB3's default
+    source: str = ""
+
+
+SB3_PEERS: dict[tuple[str, str], Sb3Peer] = {  # (agent.algo, env.id) -> peer
+    ("dqn", "CartPole-v1"): Sb3Peer(
+        "DQN", 50_000, {"learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000, "learning_starts": 1000,
+                        "gamma": 0.99, "target_update_interval": 10, "train_freq": 256, "gradient_steps": 128,
+                        "exploration_fraction": 0.16, "exploration_final_eps": 0.04,
+                        "policy_kwargs": {"net_arch": [256, 256]}},
+        "rl-zoo DQN CartPole-v1"),
+    ("sac", "Pendulum-v1"): Sb3Peer("SAC", 20_000, {"learning_rate": 1e-3}, "rl-zoo SAC Pendulum-v1: lr 1e-3, "
+                                                                            "otherwise SB3's defaults"),
+}
+
+_SB3_SCRIPT = r'''
+import json, sys, time
+start = time.monotonic()
+import torch
+torch.set_num_threads(1)
+import gymnasium as gym
+import stable_baselines3
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.evaluation import evaluate_policy
+
+spec = json.loads(sys.argv[1])
+seed, target = spec["seed"], spec["target"]
+evals = []
+
+
+class StopAtReturn(BaseCallback):
+    """Greedy evaluation of N episodes every K steps; stop at the first mean >= target."""
+
+    def __init__(self):
+        super().__init__()
+        self.eval_env = gym.make(spec["env"])
+        self.eval_env.reset(seed=seed + 1_000_000)
+
+    def _on_step(self):
+        if self.num_timesteps % spec["eval_every"]:
+            return True
+        mean, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=spec["eval_episodes"],
+                                  deterministic=True)
+        evals.append({"env_steps": self.num_timesteps, "return_mean": float(mean),
+                      "wall_s": round(time.monotonic() - start, 2)})
+        return mean < target
+
+
+algo = getattr(stable_baselines3, spec["algo"])
+model = algo("MlpPolicy", gym.make(spec["env"]), seed=seed, device="cpu", verbose=0, **spec["kwargs"])
+model.learn(total_timesteps=spec["steps"], callback=StopAtReturn())
+solved = next((e for e in evals if e["return_mean"] >= target), None)
+with open(spec["out"], "w") as fh:
+    json.dump({"solved": solved, "evals": evals, "wall_s": time.monotonic() - start}, fh)
+'''
+
+
+@dataclass
+class SolveRun:
+    """One training run to the stop return: wall time from launch to exit and what it reported."""
+
+    kind: str
+    seed: int
+    wall_s: float
+    solved: dict[str, Any] | None
+    cap_s: float | None = None
+
+
+def _solve_once(c: Context, path: Path, tag: str, kind: str, seed: int, cap_s: float) -> SolveRun:
+    """``zmqrl local --actors 2`` or ``zmqrl train`` with ``trainer.max_seconds`` as the cap, timed launch->exit."""
+    run_dir = c.path(f"solve-{tag}-{kind}-{seed}")
+    common = [str(path), "--run-dir", str(run_dir), "--set", f"run.seed={seed}",
+              "--set", f"trainer.max_seconds={max(1.0, cap_s - 4):.0f}"]
+    argv = zmqrl_argv("local", *common, "--actors", "2") if kind == "local" else zmqrl_argv("train", *common)
+    with Procs(c.logs) as procs:
+        procs.sweep_args.append(str(run_dir))
+        start = time.monotonic()
+        proc = procs.start(f"solve-{tag}-{kind}-{seed}", argv)
+        code = wait_launcher(proc, cap_s + 60.0)
+        wall = time.monotonic() - start
+    summary = read_json(run_dir / "summary.json")
+    if summary is None:
+        raise proc.failure(f"zmqrl {kind} exited with code {code} and no summary.json")
+    return SolveRun(kind, seed, wall, summary.get("solved"), cap_s)
+
+
+def sb3_interpreter(c: Context) -> str | None:
+    """The interpreter that has stable_baselines3 (``--sb3-python`` or this one), or None."""
+    python = c.settings.sb3_python or sys.executable
+    try:
+        with Procs(c.logs) as procs:
+            code = procs.start("sb3-import", [python, "-c", "import stable_baselines3"]).wait(120.0)
+    except OSError:
+        return None
+    return python if code == 0 else None
+
+
+def _sb3_once(c: Context, python: str, peer: Sb3Peer, env_id: str, target: float, tag: str, seed: int) -> SolveRun:
+    out = c.path(f"sb3-{tag}-{seed}.json")
+    spec = {"algo": peer.algo, "env": env_id, "kwargs": peer.kwargs, "steps": peer.steps, "seed": seed,
+            "target": target, "eval_every": SB3_EVAL_EVERY, "eval_episodes": SB3_EVAL_EPISODES, "out": str(out)}
+    with Procs(c.logs) as procs:
+        start = time.monotonic()
+        proc = procs.start(f"sb3-{tag}-{seed}", [python, "-c", _SB3_SCRIPT, json.dumps(spec)])
+        code = wait_launcher(proc, 1800.0)
+        wall = time.monotonic() - start
+    result = read_json(out)
+    if code != 0 or result is None:
+        raise proc.failure("the Stable-Baselines3 run failed")
+    return SolveRun("sb3", seed, wall, result.get("solved"))
+
+
+def _describe(runs: list[SolveRun]) -> str:
+    solved = [r for r in runs if r.solved]
+    text = f"solved {len(solved)}/{len(runs)}"
+    if solved:
+        text += f" (median {median([r.solved['env_steps'] for r in solved if r.solved]):,.0f} env steps)"
+    return text + "; per seed " + ", ".join(f"{r.seed}: {r.wall_s:.1f} s" for r in runs)
+
+
+def measure(c: Context, path: Path) -> list[Row]:
+    """Wall time from launch to exit at the first greedy evaluation >= the config's stop return, median over seeds.
+
+    The capped runs share ``solve_budget_s``: each gets the budget left divided by the runs left,
+    so a fast run leaves more to the next. A run that hits its cap counts at its wall time (a lower
+    bound); the note says how many did, and a row with such a run on the zmqrl side is never met.
+    """
+    s = c.settings
+    cfg = load_config(path)
+    tag, target = cfg.run.name, cfg.trainer.stop_return
+    if target is None:
+        raise BenchError(f"{path.name}: trainer.stop_return is not set; the solve rows time runs to it")
+    plan = [(kind, seed) for seed in range(s.seeds) for kind in ("local", "train")]
+    budget_end = time.monotonic() + s.solve_budget_s
+    runs: dict[str, list[SolveRun]] = {"local": [], "train": []}
+    for i, (kind, seed) in enumerate(plan):
+        cap = max(6.0, (budget_end - time.monotonic()) / (len(plan) - i))
+        runs[kind].append(_solve_once(c, path, tag, kind, seed, cap))
+    local, train = runs["local"], runs["train"]
+    local_s = median([r.wall_s for r in local])
+    caps = sorted({round(r.cap_s or 0) for r in local + train})
+    what = f"{path.name} ({cfg.env.id}) to a greedy eval mean >= {target:g}, launch -> exit, median of seeds " \
+           f"0..{s.seeds - 1}"
+    note = (f"{what}; `zmqrl local --actors 2` {_describe(local)}; `zmqrl train` {_describe(train)}; unsolved runs "
+            f"count at their capped wall time (caps {caps} s of a {s.solve_budget_s:.0f} s budget)")
+    rows = [make_row(f"solve_{tag}_local_vs_train", local_s, median([r.wall_s for r in train]), "s", note)]
+    if s.sb3:
+        name = f"solve_{tag}_local_vs_sb3"
+        peer = SB3_PEERS.get((cfg.agent.algo, cfg.env.id))
+        python = sb3_interpreter(c) if peer is not None else None
+        if peer is None:
+            rows.append(skipped_row(name, "s", f"no Stable-Baselines3 peer for {cfg.agent.algo} on {cfg.env.id}",
+                                    ("<=", SB3_GOAL)))
+        elif python is None:
+            rows.append(skipped_row(name, "s", "stable-baselines3 not installed (--sb3-python)", ("<=", SB3_GOAL)))
+        else:
+            sb3 = [_sb3_once(c, python, peer, cfg.env.id, target, tag, seed) for seed in range(s.seeds)]
+            sb3_note = (f"{what}; SB3 {peer.algo} ({peer.source}), greedy eval of {SB3_EVAL_EPISODES} episodes every "
+                        f"{SB3_EVAL_EVERY} steps, at most {peer.steps:,} steps: {_describe(sb3)}; "
+                        f"`zmqrl local` {_describe(local)}; never met while a zmqrl run is unsolved")
+            rows.append(make_row(name, local_s, median([r.wall_s for r in sb3]), "s", sb3_note, ("<=", SB3_GOAL),
+                                 complete=all(r.solved for r in local)))
+    return rows
+
+
+def run(c: Context) -> list[Row]:
+    return [row for path in c.configs(*CONFIGS) for row in measure(c, path)]

@@ -1,0 +1,197 @@
+"""Transport group: batches/s through the real proxy vs a relay inside libzmq, and vs direct PUSH->PULL."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from zmqrl.bench.harness import (
+    Context,
+    Proc,
+    Procs,
+    Row,
+    child_config,
+    child_result,
+    free_addr,
+    make_row,
+    median,
+    zmqrl_argv,
+)
+from zmqrl.lifecycle import StopFlag
+from zmqrl.roles.common import options
+from zmqrl.wire import BATCH, SocketOptions, encode, make_socket, new_incarnation, send_frames
+
+CONFIG = "cartpole_dqn.yaml"  # the proxy's config (its socket options); the payloads are fixed below
+PROXY_GOAL = 0.9  # the proxy reaches at least this share of the libzmq relay's rate
+
+
+def payload(kind: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """Transport payloads: ``cartpole`` (1024 transitions, float32 obs) or ``atari`` (64, uint8 4x84x84 obs)."""
+    rng = np.random.default_rng(seed)
+    if kind == "cartpole":
+        n, obs = 1024, rng.standard_normal((1025, 4)).astype(np.float32)
+        return {"obs": obs[:-1].copy(), "action": rng.integers(0, 2, n), "reward": np.ones(n, np.float32),
+                "next_obs": obs[1:].copy(), "discount": np.full(n, 0.99**3, np.float32)}
+    if kind == "atari":
+        n = 64
+        frames = rng.integers(0, 256, (n + 4, 84, 84), dtype=np.uint8)
+        obs = np.stack([frames[i:i + 4] for i in range(n)])
+        nxt = np.stack([frames[i + 1:i + 5] for i in range(n)])
+        return {"obs": obs, "action": rng.integers(0, 6, n), "reward": np.zeros(n, np.float32), "next_obs": nxt,
+                "discount": np.full(n, 0.99**3, np.float32)}
+    raise ValueError(f"unknown payload {kind!r}")
+
+
+def recv(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
+    """Helper process: PULL exactly ``n`` batches (single-frame stats messages are skipped); time first to last."""
+    net = child_config(p).net
+    ctx = zmq.Context(io_threads=1)
+    pull = make_socket(ctx, zmq.PULL, options(net, SocketOptions.pull(rcvhwm=64), data_path=True), bind=p["bind"])
+    n, count, nbytes = int(p["n"]), 0, 0
+    first = last = 0.0
+    deadline = time.monotonic() + p["timeout_s"]
+    try:
+        while count < n and not stop.set and time.monotonic() < deadline:
+            if not pull.poll(100, zmq.POLLIN):
+                continue
+            while count < n:
+                try:
+                    frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                if len(frames) < 2:
+                    continue
+                last = time.perf_counter()
+                if count == 0:
+                    first = last
+                count += 1
+                nbytes += sum(len(f.buffer) for f in frames)
+    finally:
+        pull.close(linger=0)
+        ctx.term()
+    return {"count": count, "first": first, "last": last, "bytes": nbytes}
+
+
+def relay(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
+    """Helper process: PULL -> PUSH inside libzmq (``zmq.proxy_steerable``), no Python per message, no checks.
+
+    What any proxy hop can reach on this machine. A thread turns SIGTERM (``stop``) into the
+    TERMINATE command on the control socket.
+    """
+    net = child_config(p).net
+    ctx = zmq.Context(io_threads=1)
+    pull = make_socket(ctx, zmq.PULL, options(net, SocketOptions.pull(rcvhwm=64), data_path=True), bind=p["bind"])
+    push = make_socket(ctx, zmq.PUSH, options(net, SocketOptions.push(sndhwm=64), data_path=True),
+                       connect=p["connect"])
+    control = ctx.socket(zmq.PAIR)
+    control.bind("inproc://relay-control")
+    command = ctx.socket(zmq.PAIR)
+    command.connect("inproc://relay-control")
+
+    def watch() -> None:
+        while not stop.set:
+            time.sleep(0.05)
+        command.send(b"TERMINATE")
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        zmq.proxy_steerable(pull, push, None, control)
+    finally:
+        watcher.join(5.0)
+        for sock in (pull, push, control, command):
+            sock.close(linger=0)
+        ctx.term()
+    return {}
+
+
+def send(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
+    """Helper process: PUSH ``n`` BATCH messages of one payload as fast as the link takes them (encoded up front)."""
+    net = child_config(p).net
+    arrays = payload(p["payload"])
+    inc = new_incarnation()
+    messages = [encode(BATCH, sender="bench-sender", incarnation=inc, seq=i, version=0, arrays=arrays,
+                       meta={"actor": 0}) for i in range(int(p["n"]))]
+    ctx = zmq.Context(io_threads=1)
+    opts = options(net, SocketOptions.push(sndhwm=16, sndtimeo_ms=int(p["timeout_s"] * 1000)), data_path=True)
+    push = make_socket(ctx, zmq.PUSH, opts, connect=p["connect"])
+    sent = 0
+    try:
+        for frames in messages:
+            if stop.set:
+                break
+            send_frames(push, frames)
+            sent += 1
+    except zmq.Again:
+        pass  # nobody took the messages within the timeout: the parent reports it
+    finally:
+        push.close(linger=int(p["timeout_s"] * 1000))
+        ctx.term()
+    return {"sent": sent}
+
+
+def _once(c: Context, procs: Procs, common: dict[str, Any], kind: str, n: int, send_to: str, recv_at: str,
+          tag: str) -> float:
+    """Batches/s of one sender -> receiver run of ``n`` messages (through whatever listens at ``send_to``)."""
+    timeout = 60.0 + n * (0.02 if kind == "atari" else 0.002)
+    out_r, out_s = c.path(f"recv-{tag}.json"), c.path(f"send-{tag}.json")
+    receiver = procs.child(f"recv-{tag}", recv, {**common, "bind": recv_at, "n": n, "out": str(out_r),
+                                                 "timeout_s": timeout})
+    sender = procs.child(f"send-{tag}", send, {**common, "connect": send_to, "payload": kind, "n": n,
+                                               "out": str(out_s), "timeout_s": timeout})
+    result = child_result(receiver, out_r, timeout + 15)
+    sender.wait(15.0)
+    if result["count"] < n or result["last"] <= result["first"]:
+        raise receiver.failure(f"received {result['count']}/{n} messages")
+    return float((result["count"] - 1) / (result["last"] - result["first"]))
+
+
+def run(c: Context) -> list[Row]:
+    """Batches/s from a sender process to a receiver process: through a real ``zmqrl proxy``, through a
+    relay inside libzmq (no Python, no checks: what any proxy hop reaches here), and directly.
+
+    The proxy is judged against the relay; the direct ratio is reported only: with three processes
+    on two cores, no hop comes near direct, whatever it does per message.
+    """
+    s = c.settings
+    path = c.configs(CONFIG)[0]
+    common = {"config": str(path)}
+    proxy_addr, relay_addr, recv_addr, no_models = free_addr(), free_addr(), free_addr(), free_addr()
+    rows = []
+    with Procs(c.logs) as procs:
+        proxy = procs.start("transport-proxy", zmqrl_argv(  # --models: nobody there, so no run ever ends it
+            "proxy", str(path), "--bind", proxy_addr, "--learner", recv_addr, "--models", no_models,
+            "--set", "run.log_level=warning"))
+        relay_proc = procs.child("transport-relay", relay, {**common, "bind": relay_addr, "connect": recv_addr,
+                                                            "out": str(c.path("relay.json"))})
+        for kind, n in (("cartpole", s.small_messages), ("atari", s.large_messages)):
+            rates: dict[str, list[float]] = {"direct": [], "proxy": [], "relay": []}
+            hops: list[tuple[str, Proc | None, str]] = [("direct", None, recv_addr), ("proxy", proxy, proxy_addr),
+                                                        ("relay", relay_proc, relay_addr)]
+            for rep in range(s.reps):
+                for via, proc, addr in hops:
+                    if proc is not None and not proc.alive():
+                        raise proc.failure(f"{proc.name} exited")
+                    rates[via].append(_once(c, procs, common, kind, n, addr, recv_addr, f"{kind}-{via}-{rep}"))
+            arrays = payload(kind)
+            mb = sum(a.nbytes for a in arrays.values()) / 2**20
+            per = len(arrays["reward"])
+            proxied, ceiling, direct = (median(rates[k]) for k in ("proxy", "relay", "direct"))
+            what = (f"{n} messages of {per} transitions ({mb:.2f} MB) from a sender process to a receiver process, "
+                    f"median of {s.reps}")
+            rows.append(make_row(
+                f"transport_{kind}_{per}", proxied, ceiling, "batches/s",
+                f"{what}: through `zmqrl proxy` ({proxied * per:,.0f} transitions/s) vs through a relay inside "
+                f"libzmq (zmq.proxy_steerable: no Python, no checks), each hop measured right after the other",
+                (">=", PROXY_GOAL)))
+            rows.append(make_row(
+                f"transport_{kind}_{per}_direct", proxied, direct, "batches/s",
+                f"{what}: through `zmqrl proxy` vs direct PUSH->PULL (not judged: the relay reached "
+                f"{ceiling / direct:.2f} of direct, the most any hop reaches with 3 processes on "
+                f"{os.cpu_count()} CPUs)"))
+    return rows
