@@ -316,11 +316,7 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
 
 
 def test_soak_lives_beside_the_bench() -> None:
-    from zmqrl import soak as old_name
-    from zmqrl.bench import soak
-
-    assert old_name.main is soak.main and old_name.register is soak.register
-    for module in ("zmqrl.soak", "zmqrl.bench.soak", "zmqrl.bench"):
+    for module in ("zmqrl.bench.soak", "zmqrl.bench"):
         done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,
                               cwd=REPO)
         assert done.returncode == 0 and "usage:" in done.stdout, (module, done.stderr)

@@ -244,7 +244,7 @@ def stop_cleanly(c: Cluster, names: list[str], timeout: float = 20.0) -> None:
 @pytest.mark.timeout(120)
 def test_soak_smoke(tmp_path: Path) -> None:
     """``zmqrl soak`` for ~20 s: samples for every role, finite growth numbers, a clean stop."""
-    from zmqrl import soak
+    from zmqrl.bench import soak
 
     run_dir = tmp_path / "soak"
     rc = soak.main([str(Path(__file__).resolve().parent.parent / "configs" / "cartpole_dqn.yaml"),

@@ -159,8 +159,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     p.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
     p.add_argument("--no-evaluator", action="store_true", help="run without the evaluator")
     handlers["local"] = cmd_local
+    from zmqrl.bench.soak import register as register_soak
     from zmqrl.keys_cli import register as register_keygen
-    from zmqrl.soak import register as register_soak
 
     register_keygen(sub, handlers)
     register_soak(sub, handlers)

@@ -360,7 +360,7 @@ def register(sub: argparse._SubParsersAction, handlers: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m zmqrl.soak CONFIG --minutes N ...`` (the same as ``zmqrl soak``)."""
+    """``python -m zmqrl.bench.soak CONFIG --minutes N ...`` (the same as ``zmqrl soak``)."""
     from zmqrl.config import ConfigError
 
     parser = argparse.ArgumentParser(prog="zmqrl soak", description=HELP)
