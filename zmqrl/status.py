@@ -191,7 +191,8 @@ def show(run_dir: str | Path, watch: bool = False, interval_s: float = 2.0, out:
     check_run_dir(path)
     out = out or sys.stdout
     clear = watch and out.isatty() and os.environ.get("TERM") != "dumb"
-    previous = signal.signal(signal.SIGTERM, _interrupt) if watch else None
+    # Ctrl-C or SIGTERM ends a watch with exit 0 (SIGINT too: a background job may start with it ignored).
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)} if watch else {}
     try:
         while True:
             text = render(collect(path))
@@ -205,8 +206,8 @@ def show(run_dir: str | Path, watch: bool = False, interval_s: float = 2.0, out:
     except KeyboardInterrupt:
         return 0
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

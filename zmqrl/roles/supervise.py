@@ -334,13 +334,19 @@ class Supervisor:
         return False  # the learner's exit 0 ends the launch in _exited
 
     def _exited(self, role: Role, code: int, now: float) -> Outcome | None:
-        """Account for ``role``'s exit; returns the launch's outcome when this exit ends it."""
+        """Account for ``role``'s exit (in the status file too); returns the launch's outcome when this exit ends it."""
         ran_s = now - role.started_at
         role.last_exit = code
         role.history.append({"time": round(time.time(), 3), "exit": code, "ran_s": round(ran_s, 3)})
         del role.history[:-self._history_limit]
         role.close_log()
-        self.write_status()
+        try:
+            return self._judge(role, code, now, ran_s)
+        finally:
+            self.write_status()
+
+    def _judge(self, role: Role, code: int, now: float, ran_s: float) -> Outcome | None:
+        """What ``role``'s exit ``code`` means (the rules in the module docstring)."""
         if code == EXIT_ADDRESS_IN_USE:
             role.state = "failed"
             log.info("%s: %s could not bind:\n%s", self.name, role.name, role.tail(3))
@@ -366,7 +372,7 @@ class Supervisor:
                       "%d); stopping the run. %s", self.name, role.name, code, ran_s, role.restarts, self.max_restarts,
                       where)
             return Outcome(1, f"{role.name} exited with code {code}; restarts exhausted")
-        if ran_s >= BACKOFF_RESET_S:
+        if ran_s >= BACKOFF_RESET_S:  # it had been running well: this is not a crash loop
             role.in_a_row = 0
         delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** role.in_a_row)
         role.state, role.restart_at = "waiting", now + delay
