@@ -7,7 +7,8 @@
 #   sudo launch/slurm/single_node_setup.sh --stop   # stop the daemons it started
 #
 # Exit codes: 0 Slurm is up, 3 it cannot be set up here (not root, no apt-get, or a Slurm
-# configuration this script did not write), anything else a failure (the message says which step).
+# configuration this script did not write), 4 apt-get failed (no package archive reachable),
+# anything else a failure (the message says which step).
 set -euo pipefail
 
 MARKER="# written by zmqrl launch/slurm/single_node_setup.sh"
@@ -34,8 +35,9 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
     command -v apt-get >/dev/null || unavailable "Slurm is not installed and there is no apt-get to install it"
     echo "single_node_setup: installing slurm-wlm and munge" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null || fail "apt-get update failed"
-    apt-get install -y -qq slurm-wlm munge >/dev/null || fail "apt-get install slurm-wlm munge failed"
+    apt-get update -qq >/dev/null || { echo "single_node_setup: apt-get update failed" >&2; exit 4; }
+    apt-get install -y -qq slurm-wlm munge >/dev/null \
+        || { echo "single_node_setup: apt-get install slurm-wlm munge failed" >&2; exit 4; }
 fi
 
 # --- munge: a key readable only by the munge user, the daemon running as that user -------------
