@@ -330,19 +330,34 @@ def test_head_and_two_hosts(tmp_path: Path, procs: Procs) -> None:
     watch.signal(signal.SIGINT)
     assert watch.wait(timeout=30) == 0, watch.tail()
 
-    # SIGTERM stops the head (the learner saves) and the hosts (or they end by themselves once the learner
-    # tells every role to finish), each with exit 0.
+    # A host whose actors have all finished (exit 0, as when the learner tells them to) ends with exit 0.
+    os.kill(running_pid(run_dir, "actor-2", "host-b") or 0, signal.SIGTERM)
+    assert procs["host-b"].wait(timeout=60) == 0, procs.describe(names=["host-b"])
+    host_b = supervisor_file(run_dir, "host-b")
+    assert host_b["reason"] == "every actor finished" and host_b["restarts_total"] == 0, host_b
+    assert host_b["roles"]["actor-2"]["state"] == "finished" and host_b["roles"]["proxy-b"]["state"] == "stopped"
+
+    # SIGTERM stops the head cleanly (the learner saves); `zmqrl head --resume` continues the run from its
+    # directory (CONFIG defaults to the saved config.yaml) and host a's actors carry on with it.
     head.signal(signal.SIGTERM)
     assert head.wait(timeout=60) == 0, diag(procs, run_dir)
-    assert summary(run_dir).get("stop_reason") == "stopped by SIGTERM", summary(run_dir)
-    for name in ("host-a", "host-b"):
-        procs[name].signal(signal.SIGTERM)
-    for name in ("host-a", "host-b"):
-        assert procs[name].wait(timeout=60) == 0, procs.describe(names=[name])
-    for name in ("host-a", "host-b"):
-        host = supervisor_file(run_dir, name)
-        assert host["launcher"] == "host" and host["restarts_total"] == 0, host
-        assert all(r["state"] == "stopped" for r in host["roles"].values()), host["roles"]
+    stopped = summary(run_dir)
+    assert stopped.get("stop_reason") == "stopped by SIGTERM", stopped
+    again = procs.start("head-again", cli("head", "--run-dir", str(run_dir), "--resume"))
+    wait_for(lambda: len(RESUMED.findall(log.read_text())) == 2, 90, "the learner under zmqrl head --resume to resume",
+             lambda: diag(procs, run_dir))
+    assert int(RESUMED.findall(log.read_text())[-1]) == stopped["opt_steps"], (RESUMED.findall(log.read_text()),
+                                                                             stopped["opt_steps"])
+    wait_for(lambda: all((summary(run_dir).get("actors") or {}).get(f"actor-{i}", {}).get("batches") for i in (0, 1))
+             and summary(run_dir).get("opt_steps", 0) > stopped["opt_steps"], 90,
+             "host a's actors' batches at the resumed learner", lambda: diag(procs, run_dir))
+    again.signal(signal.SIGTERM)
+    assert again.wait(timeout=60) == 0, diag(procs, run_dir)
+    procs["host-a"].signal(signal.SIGTERM)
+    assert procs["host-a"].wait(timeout=60) == 0, procs.describe(names=["host-a"])
+    host_a = supervisor_file(run_dir, "host-a")
+    assert host_a["launcher"] == "host" and host_a["restarts_total"] == 0, host_a
+    assert all(r["state"] == "stopped" for r in host_a["roles"].values()), host_a["roles"]
     assert not pids_with_arg(str(run_dir)), "processes of the run are still alive"
 
 

@@ -141,7 +141,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     p.add_argument("--run-dir", help="where checkpoints/best goes (optional)")
     handlers["evaluator"] = cmd_evaluator
 
-    p = sub.add_parser("local", help="run every role on this machine as separate processes")
+    p = sub.add_parser("local", help="run every role on this machine as separate, supervised processes")
     _add_config_args(p)
     p.add_argument("--actors", type=int, default=2, help="number of actor processes (default 2)")
     p.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")

@@ -17,10 +17,23 @@ Handlers = dict[str, Callable[[argparse.Namespace], int]]
 
 def add_supervision_args(p: argparse.ArgumentParser) -> None:
     """``--max-restarts`` and ``--fail-fast``, as every launcher takes them."""
-    p.add_argument("--max-restarts", type=int, default=5, metavar="N",
-                   help="restarts allowed per role before the run stops (default 5)")
+    from zmqrl.roles.supervise import MAX_RESTARTS
+
+    p.add_argument("--max-restarts", type=_count, default=MAX_RESTARTS, metavar="N",
+                   help=f"restarts allowed per role over the whole run before it stops (default {MAX_RESTARTS})")
     p.add_argument("--fail-fast", action="store_true",
                    help="stop the run when any role dies instead of restarting it")
+
+
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def config_from_run_dir(args: argparse.Namespace) -> None:

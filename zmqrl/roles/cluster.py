@@ -19,7 +19,7 @@ from pathlib import Path
 from zmqrl.config import Config, ConfigError
 from zmqrl.roles.common import free_port
 from zmqrl.roles.local import config_args, require_resumable
-from zmqrl.roles.supervise import RoleSpec, StopSignals, Supervisor, zmqrl_command
+from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
 
 log = logging.getLogger("zmqrl")
 
@@ -46,7 +46,7 @@ def learner_host(addr: str) -> str:
 
 def run_head(cfg: Config, config_path: str | None, overrides: list[str], run_dir: str | None, *,
              bind: str | None = None, evaluator: bool = True, resume: bool = False, auto_resume: bool = False,
-             max_restarts: int = 5, fail_fast: bool = False, grace_s: float = GRACE_S) -> int:
+             max_restarts: int = MAX_RESTARTS, fail_fast: bool = False, grace_s: float = GRACE_S) -> int:
     """The ``zmqrl head`` entry point: the learner (binding ``net.data_port``, ``net.model_port`` and
     ``net.eval_port`` on ``bind`` or ``net.bind_host``) and the evaluator, supervised; returns the exit code.
 
@@ -100,8 +100,8 @@ def host_name(first_id: int) -> str:
 
 
 def run_host(cfg: Config, config_path: str | None, overrides: list[str], learner: str, actors: int,
-             first_id: int = 0, run_dir: str | None = None, *, name: str | None = None, max_restarts: int = 5,
-             fail_fast: bool = False, grace_s: float = GRACE_S) -> int:
+             first_id: int = 0, run_dir: str | None = None, *, name: str | None = None,
+             max_restarts: int = MAX_RESTARTS, fail_fast: bool = False, grace_s: float = GRACE_S) -> int:
     """The ``zmqrl host`` entry point: one proxy (on a free loopback port) and actors ``first_id ..
     first_id + actors - 1``, supervised; returns the exit code. Ends when every actor has finished."""
     total = cfg.actor.num_actors

@@ -18,7 +18,7 @@ from zmqrl import checkpoint
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config, ConfigError
 from zmqrl.roles.common import free_port, read_json
-from zmqrl.roles.supervise import RoleSpec, StopSignals, Supervisor, zmqrl_command
+from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
 
 log = logging.getLogger("zmqrl")
 
@@ -65,7 +65,8 @@ def require_resumable(run_dir: str | Path | None, flag: str = "--resume") -> Pat
 
 
 def run_local(cfg: Config, config_path: str | None, overrides: list[str], actors: int, run_dir: str | None,
-              evaluator: bool = True, *, resume: bool = False, max_restarts: int = 5, fail_fast: bool = False) -> int:
+              evaluator: bool = True, *, resume: bool = False, max_restarts: int = MAX_RESTARTS,
+              fail_fast: bool = False) -> int:
     """The ``zmqrl local`` entry point; returns the exit code (0 finished or stopped, 1 a role failed for
     good, 2 a role found its config or input bad, 98 no free ports after every attempt).
 

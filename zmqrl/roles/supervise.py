@@ -17,7 +17,7 @@ the launcher die, so none is orphaned. What a role's exit means:
   :data:`BACKOFF_BASE_S` to :data:`BACKOFF_MAX_S` (and resets once a role has run
   :data:`BACKOFF_RESET_S`), at most ``max_restarts`` times per role; the learner comes back with
   ``--resume`` from ``checkpoints/latest`` once this run has written one (fresh before that). With
-  ``fail_fast`` the first such exit ends the run instead.
+  ``fail_fast`` the first such exit (or an exit 0 that would be restarted) ends the run instead.
 
 Every start, exit and restart is logged and counted in ``RUN_DIR/supervisor/NAME.json`` (see
 :meth:`Supervisor.status` for its fields), which ``zmqrl status`` reads.
@@ -52,6 +52,7 @@ from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, read_json
 log = logging.getLogger("zmqrl")
 
 EXIT_BAD_INPUT = 2  # a role's config or input is bad: never restarted
+MAX_RESTARTS = 10  # default cap on one role's restarts over a whole run (--max-restarts)
 BIND_ATTEMPTS = 3  # launches on fresh ports when a role finds its port taken
 BACKOFF_BASE_S = 0.5  # first restart delay; doubles with each restart in a row
 BACKOFF_MAX_S = 30.0  # longest restart delay
@@ -212,8 +213,8 @@ class Supervisor:
     """
 
     def __init__(self, name: str, launcher: str, run_dir: Path, plan: Callable[[int], list[RoleSpec]], *,
-                 anchor: str = "learner", max_restarts: int = 5, fail_fast: bool = False, resume: bool = False,
-                 grace_s: float = 4.5, progress_total: int = 0) -> None:
+                 anchor: str = "learner", max_restarts: int = MAX_RESTARTS, fail_fast: bool = False,
+                 resume: bool = False, grace_s: float = 4.5, progress_total: int = 0) -> None:
         if max_restarts < 0:
             raise ValueError("max_restarts must be >= 0")
         self.name, self.launcher, self.dir, self.plan = name, launcher, run_dir, plan
@@ -385,6 +386,10 @@ class Supervisor:
 
     def _exited_early(self, role: Role) -> Outcome | None:
         """A role that exited 0 while its launcher goes on: start it again (it counts as a restart)."""
+        if self.fail_fast:
+            log.error("%s: %s exited 0 %.0fs ago while the run goes on (--fail-fast: stopping the run)", self.name,
+                      role.name, FINISH_GRACE_S)
+            return Outcome(1, f"{role.name} exited while the run went on")
         if role.restarts >= self.max_restarts:
             log.error("%s: %s exited 0 %.0fs ago while the run goes on, and was already restarted %d time(s) "
                       "(--max-restarts %d); stopping the run", self.name, role.name, FINISH_GRACE_S, role.restarts,
