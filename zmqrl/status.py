@@ -7,7 +7,7 @@ the two: a role the learner has heard from, or a launcher runs, is a row. A fiel
 holds shows as ``-``. The same command serves a run on this machine and one on a cluster (where
 hosts whose run directory is not shared show only what the learner knows of them).
 
-This module imports neither torch nor zmq.
+This module imports no torch.
 """
 
 from __future__ import annotations
