@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,11 @@ def slurm_works() -> bool:
 
 
 @pytest.fixture(scope="module")
-def slurm() -> None:
-    """A working Slurm: the one that is there, or one set up here by single_node_setup.sh; else skip."""
+def slurm() -> Iterator[None]:
+    """A working Slurm: the one that is there, or one set up here by single_node_setup.sh (whose daemons are
+    stopped again at the end); else skip, saying why."""
     if slurm_works():
+        yield
         return
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         pytest.skip("Slurm is not running here, and setting it up (launch/slurm/single_node_setup.sh) needs root")
@@ -66,14 +69,23 @@ def slurm() -> None:
                           timeout=SETUP_TIMEOUT_S)
     if done.returncode in (3, 4):
         pytest.skip(f"Slurm cannot be set up here: {done.stderr.strip()}")
-    assert done.returncode == 0, f"single_node_setup.sh exited {done.returncode}:\n{done.stdout}{done.stderr}"
-    print(f"\nSlurm set up in {time.monotonic() - started:.1f}s: {done.stderr.strip()}")
-    wait_for(slurm_works, 60, "sinfo to show the node ready")
+    try:
+        assert done.returncode == 0, f"single_node_setup.sh exited {done.returncode}:\n{done.stdout}{done.stderr}"
+        print(f"\nSlurm set up in {time.monotonic() - started:.1f}s: {done.stderr.strip()}")
+        wait_for(slurm_works, 60, "sinfo to show the node ready")
+        yield
+    finally:
+        subprocess.run(["bash", str(SLURM / "single_node_setup.sh"), "--stop"], capture_output=True, timeout=60)
 
 
 def job_state(job: str) -> str:
     done = run("squeue", "-h", "-j", job, "-o", "%T", check=False)
     return done.stdout.strip() or "GONE"
+
+
+def node_state() -> str:
+    node = socket.gethostname().split(".")[0]
+    return run("sinfo", "-h", "-n", node, "-o", "%T", check=False).stdout.strip()
 
 
 def steps(job: str) -> dict[str, str]:
@@ -132,7 +144,10 @@ def test_job_trains_requeues_resumes_and_cancels(slurm: None, tmp_path: Path) ->
         first_log = (run_dir / "logs" / "learner.log").read_text()
         assert "stop reason           stopped by SIGTERM" in first_log, f"the learner did not stop cleanly\n{diag()}"
         assert "did not stop within" not in out.read_text(), diag()
-        run("scontrol", "update", f"JobId={job}", "StartTime=now")  # skip the scheduler's requeue delay
+        # Skip the scheduler's requeue delay, once the node is done with the job's first run (started
+        # sooner, slurmd refuses it: "already killed, do not launch batch job").
+        wait_for(lambda: node_state().startswith("idle"), 60, "the node to finish the job's first run", diag)
+        run("scontrol", "update", f"JobId={job}", "StartTime=now")
         wait_for(lambda: RESUMED.search((run_dir / "logs" / "learner.log").read_text()), 180,
                  "the requeued job's learner to resume", diag)
         resumed = [int(n) for n in RESUMED.findall((run_dir / "logs" / "learner.log").read_text())]
@@ -140,6 +155,7 @@ def test_job_trains_requeues_resumes_and_cancels(slurm: None, tmp_path: Path) ->
         wait_for(lambda: summary(run_dir).get("opt_steps", 0) > resumed[0] + 50 and actors_sending(run_dir), 120,
                  "training to go on after the requeue", diag)
         text = out.read_text()
+        assert "received SIGTERM again" not in text, f"a step was signalled twice\n{text}"
         assert "time limit near" in text and "requeueing" in text and "holds a checkpoint; resuming" in text, text
         assert "(restart 1)" in text, text
 

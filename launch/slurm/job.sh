@@ -69,12 +69,21 @@ log "run directory $run_dir; head on $head_node; ${#actor_nodes[@]} host(s) with
     "(restart ${SLURM_RESTART_COUNT:-0})"
 
 requeue=""
+stopping=""  # every step has been signalled already: never twice (a second TERM means "stop now" to zmqrl)
+stop_steps() {
+    [ -n "$stopping" ] && return
+    stopping=1
+    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null  # every step's processes, not this shell
+}
 on_time_limit() {
     log "time limit near: stopping every step, then requeueing"
     requeue=1
-    scancel --signal=TERM "$SLURM_JOB_ID"  # every step's processes, not this shell
+    stop_steps
 }
-on_cancel() { log "cancelled: waiting for the steps to stop"; }
+on_cancel() {
+    log "cancelled: waiting for the steps to stop"
+    stopping=1  # scancel has signalled every step itself
+}
 trap on_time_limit USR1
 trap on_cancel TERM INT
 
@@ -105,7 +114,7 @@ done
 wait_pid "$head_pid"
 head_rc=$?
 log "head step ended with code $head_rc; stopping the host steps"
-scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null
+stop_steps
 for pid in "${host_pids[@]}"; do wait_pid "$pid"; done
 if [ -n "$requeue" ]; then
     log "requeueing; the head resumes from $run_dir/checkpoints/latest when the job starts again"

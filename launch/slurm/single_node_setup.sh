@@ -4,7 +4,7 @@
 # for production. Needs root. Idempotent: daemons already running are left as they are.
 #
 #   sudo launch/slurm/single_node_setup.sh          # then: sinfo; sbatch launch/slurm/zmqrl.sbatch ...
-#   sudo launch/slurm/single_node_setup.sh --stop   # stop the daemons it started
+#   sudo launch/slurm/single_node_setup.sh --stop   # stop the daemons it started (listed in $STARTED)
 #
 # Exit codes: 0 Slurm is up, 3 it cannot be set up here (not root, no apt-get, or a Slurm
 # configuration this script did not write), 4 apt-get failed (no package archive reachable),
@@ -16,6 +16,7 @@ CONF=/etc/slurm/slurm.conf
 STATE=/var/spool/slurmctld
 SPOOL=/var/spool/slurmd
 LOGS=/var/log/slurm
+STARTED=/run/zmqrl-slurm-started  # pid files of the daemons this script started, for --stop
 
 unavailable() { echo "single_node_setup: $*" >&2; exit 3; }
 fail() { echo "single_node_setup: $*" >&2; exit 1; }
@@ -23,11 +24,14 @@ fail() { echo "single_node_setup: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || unavailable "needs root (it installs packages and starts munged, slurmctld, slurmd)"
 
 if [ "${1:-}" = "--stop" ]; then
-    for pidfile in /run/slurmd.pid /run/slurmctld.pid; do
+    [ -f "$STARTED" ] || exit 0
+    while read -r pidfile; do
         [ -s "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
-    done
+    done < <(tac "$STARTED")  # the reverse of the order they started in
+    rm -f "$STARTED"
     exit 0
 fi
+started() { echo "$1" >>"$STARTED"; }
 
 # --- packages ---------------------------------------------------------------------------------
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null \
@@ -50,6 +54,7 @@ chown munge:munge /etc/munge/munge.key
 chmod 0400 /etc/munge/munge.key
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
     runuser -u munge -- /usr/sbin/munged || fail "munged did not start (see /var/log/munge/munged.log)"
+    started /run/munge/munged.pid
     for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
     munge -n | unmunge >/dev/null || fail "munge does not work after starting munged"
 fi
@@ -103,8 +108,14 @@ fi
 if [ -n "${changed:-}" ] && pgrep -x slurmctld >/dev/null; then
     scontrol reconfigure || true
 fi
-pgrep -x slurmctld >/dev/null || slurmctld || fail "slurmctld did not start (see $LOGS/slurmctld.log)"
-pgrep -x slurmd >/dev/null || slurmd || fail "slurmd did not start (see $LOGS/slurmd.log)"
+if ! pgrep -x slurmctld >/dev/null; then
+    slurmctld || fail "slurmctld did not start (see $LOGS/slurmctld.log)"
+    started /run/slurmctld.pid
+fi
+if ! pgrep -x slurmd >/dev/null; then
+    slurmd || fail "slurmd did not start (see $LOGS/slurmd.log)"
+    started /run/slurmd.pid
+fi
 
 state=""
 for _ in $(seq 300); do  # up to 30 s for the node to register
