@@ -88,7 +88,7 @@ def local_script(procs: Procs, run_dir: Path, *args: str, overrides: list[str], 
 
 
 # --------------------------------------------------------------------------------------------------
-# zmqrl local: a killed actor and a killed learner come back, and the run finishes; then --resume
+# zmqrl local: a killed actor, proxy and learner come back, and the run finishes; then --resume
 
 
 @pytest.mark.slow
@@ -118,6 +118,15 @@ def test_local_restarts_killed_roles_and_resumes(tmp_path: Path, procs: Procs) -
           f"{time.monotonic() - killed_actor_at:.1f}s after kill -9")
     assert actor_stats(run_dir, "actor-0").get("incarnations", 0) >= 2, actor_stats(run_dir, "actor-0")
 
+    # The proxy dies: it comes back on the same port, the actors reconnect, batches flow again.
+    proxy_pid = running_pid(run_dir, "proxy")
+    assert proxy_pid is not None
+    received = summary(run_dir).get("messages", {}).get("batches_received", 0)
+    os.kill(proxy_pid, signal.SIGKILL)
+    wait_for(lambda: running_pid(run_dir, "proxy") not in (None, proxy_pid)
+             and summary(run_dir).get("messages", {}).get("batches_received", 0) > received + 10, 60,
+             "the proxy restarted and batches flowing through it again", lambda: diag(procs, run_dir))
+
     # The learner has written checkpoints/latest: kill it; it must come back with --resume.
     at = wait_for(lambda: latest_opt_steps(run_dir) >= 100 and latest_opt_steps(run_dir), 120,
                   "checkpoints/latest at 100+ opt steps", lambda: diag(procs, run_dir))
@@ -136,10 +145,11 @@ def test_local_restarts_killed_roles_and_resumes(tmp_path: Path, procs: Procs) -
 
     status = supervisor_file(run_dir)
     roles = status["roles"]
-    assert status["state"] == "finished" and status["restarts_total"] == 2, status
+    assert status["state"] == "finished" and status["restarts_total"] == 3, status
     assert roles["actor-0"]["restarts"] == 1 and roles["actor-0"]["exits"][0]["exit"] == -9, roles["actor-0"]
     assert roles["learner"]["restarts"] == 1 and roles["learner"]["exits"][0]["exit"] == -9, roles["learner"]
-    assert roles["actor-1"]["restarts"] == 0 and roles["proxy"]["restarts"] == 0, roles
+    assert roles["proxy"]["restarts"] == 1 and roles["proxy"]["exits"][0]["exit"] == -9, roles["proxy"]
+    assert roles["actor-1"]["restarts"] == 0, roles["actor-1"]
     assert "actor-0 exited with code -9" in out and "learner exited with code -9" in out, out
     assert "restarting it with --resume" in out and "restarted learner" in out, out
     assert "restarts=" in out, f"no progress line shows the restarts:\n{out}"
