@@ -144,10 +144,11 @@ def test_job_trains_requeues_resumes_and_cancels(slurm: None, tmp_path: Path) ->
         first_log = (run_dir / "logs" / "learner.log").read_text()
         assert "stop reason           stopped by SIGTERM" in first_log, f"the learner did not stop cleanly\n{diag()}"
         assert "did not stop within" not in out.read_text(), diag()
-        # Skip the scheduler's requeue delay, once the node is done with the job's first run (started
-        # sooner, slurmd refuses it: "already killed, do not launch batch job").
+        # Shorten the scheduler's requeue delay to a few seconds, once the node is done with the job's first
+        # run: started sooner, slurmd refuses it ("already killed", or its credential counted as revoked
+        # when issued within the second of the kill).
         wait_for(lambda: node_state().startswith("idle"), 60, "the node to finish the job's first run", diag)
-        run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        run("scontrol", "update", f"JobId={job}", "StartTime=now+3")
         wait_for(lambda: RESUMED.search((run_dir / "logs" / "learner.log").read_text()), 180,
                  "the requeued job's learner to resume", diag)
         resumed = [int(n) for n in RESUMED.findall((run_dir / "logs" / "learner.log").read_text())]
