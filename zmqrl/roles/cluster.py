@@ -82,6 +82,9 @@ def run_head(cfg: Config, config_path: str | None, overrides: list[str], run_dir
         return roles
 
     path.mkdir(parents=True, exist_ok=True)
+    if bind_host.startswith("127.") or bind_host in ("localhost", "::1"):
+        log.info("head: the learner binds %s, so only this machine reaches it; --bind 0.0.0.0 (or this machine's "
+                 "address) lets hosts on other machines in", bind_host)
     log.info("head: %s the learner on %s (data %d, models %d, evaluations %d)%s; logs in %s",
              "resuming" if resume else "starting", bind_host, ports["data"], ports["model"], ports["eval"],
              " and the evaluator" if evaluator else "", path / "logs")
