@@ -361,13 +361,14 @@ def test_batch_accounting_is_exact(tmp_path: Path, procs: Procs) -> None:
 # (f), (g) the local launcher: clean stop on SIGTERM, and a dead role stops the run
 
 
-def start_local(procs: Procs, run_dir: Path, *extra: str) -> Proc:
+def start_local(procs: Procs, run_dir: Path, *extra: str, flags: tuple[str, ...] = ()) -> Proc:
     procs.sweep_args.append(str(run_dir))
     # eval_interval 2000: after its first evaluation (of version 0) the evaluator stays idle for a few
     # seconds, so a SIGTERM does not find it mid-evaluation (see test_evaluator_stops_when_learner_is_gone).
     overrides = [SEED, "trainer.stop_return=null", "trainer.warmup=500", "trainer.eval_interval=2000",
                  "trainer.eval_episodes=2", *extra]
-    return procs.start("local", zmqrl_argv("local", "--actors", "2", "--run-dir", str(run_dir), overrides=overrides))
+    return procs.start("local", zmqrl_argv("local", "--actors", "2", "--run-dir", str(run_dir), *flags,
+                                           overrides=overrides))
 
 
 def wait_local_running(procs: Procs, run_dir: Path) -> dict[str, int]:
@@ -428,8 +429,9 @@ def test_local_launcher_sigterm_stops_every_role(tmp_path: Path, procs: Procs) -
 
 @pytest.mark.timeout(120)
 def test_local_launcher_reports_a_dead_role(tmp_path: Path, procs: Procs) -> None:
+    """With --fail-fast a dead role ends the run (without it the role is restarted: tests/test_supervision.py)."""
     run_dir = tmp_path / "run"
-    local = start_local(procs, run_dir)
+    local = start_local(procs, run_dir, flags=("--fail-fast",))
     children = wait_local_running(procs, run_dir)
 
     os.kill(children["actor-0"], signal.SIGKILL)

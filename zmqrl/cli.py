@@ -97,10 +97,13 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
+    from zmqrl.cluster_cli import config_from_run_dir
     from zmqrl.roles.local import run_local
 
+    config_from_run_dir(args)
     cfg = _load(args, [f"actor.num_actors={args.actors}"])
-    return run_local(cfg, args.config, args.overrides, args.actors, args.run_dir, evaluator=not args.no_evaluator)
+    return run_local(cfg, args.config, args.overrides, args.actors, args.run_dir, evaluator=not args.no_evaluator,
+                     resume=args.resume, max_restarts=args.max_restarts, fail_fast=args.fail_fast)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
@@ -153,12 +156,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     p.add_argument("--run-dir", help="where checkpoints/best goes (optional)")
     handlers["evaluator"] = cmd_evaluator
 
-    p = sub.add_parser("local", help="run every role on this machine as separate processes")
+    p = sub.add_parser("local", help="run every role on this machine as separate, supervised processes")
     _add_config_args(p)
     p.add_argument("--actors", type=int, default=2, help="number of actor processes (default 2)")
     p.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
     p.add_argument("--no-evaluator", action="store_true", help="run without the evaluator")
+    p.add_argument("--resume", action="store_true", help="continue the run in RUN_DIR from checkpoints/latest "
+                                                         "(CONFIG defaults to RUN_DIR/config.yaml)")
+    from zmqrl.cluster_cli import add_supervision_args
+    from zmqrl.cluster_cli import register as register_cluster
+
+    add_supervision_args(p)
     handlers["local"] = cmd_local
+    register_cluster(sub, handlers)
     from zmqrl.bench.soak import register as register_soak
     from zmqrl.keys_cli import register as register_keygen
 

@@ -3,7 +3,7 @@
 Group modules (:mod:`zmqrl.bench.replay`, :mod:`zmqrl.bench.actor`, ...) import this module;
 it imports none of them and names no algorithm: each group picks its own configs.
 
-Processes are started with the local launcher's :class:`~zmqrl.roles.local.Role` (own session,
+Processes are started as the launchers' :class:`~zmqrl.roles.supervise.Role` (own session,
 one thread, a log file, SIGTERM should the bench die) and stopped with its staged stop;
 results come back through :func:`zmqrl.checkpoint.write_json_atomic` and
 :func:`zmqrl.roles.common.read_json`. Helper processes are ``python -c`` children running
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import free_port, read_json
-from zmqrl.roles.local import Role, _stop_all
+from zmqrl.roles.supervise import Role, RoleSpec, stop_roles
 
 if TYPE_CHECKING:
     import numpy as np
@@ -215,8 +215,8 @@ class Proc(Role):
     file, SIGTERM should this process die) with bounded waits."""
 
     def __init__(self, name: str, argv: list[str], log_dir: Path) -> None:
-        super().__init__(name, argv)
-        self.start(log_dir)
+        super().__init__(RoleSpec(name, name.split("-", 1)[0], argv), log_dir / f"{name}.log")
+        self.start(argv, append=False)
         self.started = time.monotonic()
 
     @property
@@ -237,7 +237,7 @@ class Proc(Role):
 
     def stop(self, grace_s: float = 5.0) -> int:
         """SIGTERM, up to ``grace_s`` to exit, then SIGKILL (the launcher's stop); returns the exit code."""
-        _stop_all([self], grace_s)
+        stop_roles([self], grace_s)
         return self.popen.wait()  # type: ignore[no-any-return]
 
     def failure(self, what: str) -> BenchError:
@@ -272,7 +272,7 @@ class Procs:
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         """Stop every process (the launcher's staged stop), then any leftover named by ``sweep_args``."""
-        _stop_all([p for p in self.procs if p.proc is not None], grace_s)
+        stop_roles([p for p in self.procs if p.proc is not None], grace_s)
         for arg in self.sweep_args:
             kill_pids(pids_with_arg(arg))
 

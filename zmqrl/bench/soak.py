@@ -12,7 +12,7 @@ stop cleanly), so the command can gate a CI job.
     zmqrl soak configs/cartpole_dqn.yaml --minutes 10 --actors 2
 
 The launcher is started and stopped as the bench's processes are (:mod:`zmqrl.bench.harness`,
-built on the local launcher's own :class:`~zmqrl.roles.local.Role`). This module never imports
+built on the local launcher's own :class:`~zmqrl.roles.supervise.Role`). This module never imports
 torch: the sampler stays small.
 """
 
@@ -155,6 +155,7 @@ def launcher_argv(config: str | None, actors: int, run_dir: Path, overrides: lis
     sets = ["trainer.stop_return=null", f"trainer.max_opts={MAX_OPTS}", "trainer.max_seconds=0", *overrides]
     argv = zmqrl_argv("local", *([config] if config else []), "--actors", str(actors), "--run-dir", str(run_dir),
                       *[a for s in sets for a in ("--set", s)])
+    argv.append("--fail-fast")  # a role that dies is the finding: the launcher must not restart it
     return argv + ([] if evaluator else ["--no-evaluator"])
 
 

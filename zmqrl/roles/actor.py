@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
+HOST = socket.gethostname()
 MODEL_POLL_S = 0.002  # the loop looks for a new model (and link events, pause requests) this often
 SEND_LINGER_S = 0.02  # batches finished sooner than this after the last send wait to go out together
 
@@ -93,7 +95,7 @@ class ActorStats:
 
     def as_dict(self) -> dict[str, Any]:
         wall = time.monotonic() - self.start
-        return {"env_steps": self.env_steps, "episodes": self.episodes, "batches": self.batches,
+        return {"host": HOST, "env_steps": self.env_steps, "episodes": self.episodes, "batches": self.batches,
                 "transitions": self.transitions, "bytes_sent": self.bytes_sent,
                 "blocked_s": round(self.blocked_s, 3), "paused_s": round(self.paused_s, 3),
                 "model_updates": self.model_updates,
@@ -147,6 +149,7 @@ class Actor:
         self._hold = False  # paused by the learner or cut off from it: step no further for now
         self.finished = ""  # the learner's stop reason once it said the run is over
         self.refused = ""  # why this actor cannot act for the learner (a config mismatch): exit 2
+        self.gave_up = False  # no model within net.peer_wait_s: exit 1, so a supervisor starts it again
 
     # --- models -----------------------------------------------------------------------------
     def _take_newest_model(self) -> bool:
@@ -211,6 +214,7 @@ class Actor:
                          time.monotonic() - started)
             if wait_s and time.monotonic() - started > wait_s:
                 log.error("%s: no model from %s within net.peer_wait_s=%s", self.name, self.model_addr, wait_s)
+                self.gave_up = True
                 return False
         return False
 
@@ -366,4 +370,4 @@ def run_actor(cfg: Config, index: int, proxy_addr: str, model_addr: str, run_dir
     s = actor.stats.as_dict()
     log.info("%s: stopped after %d env steps, %d batches (%d bytes), blocked %.1fs", actor.name,
              s["env_steps"], s["batches"], s["bytes_sent"], s["blocked_s"])
-    return EXIT_CONFIG_MISMATCH if actor.refused else 0
+    return EXIT_CONFIG_MISMATCH if actor.refused else 1 if actor.gave_up else 0

@@ -42,6 +42,7 @@ from zmqrl.roles.fit import task_signature
 from zmqrl.roles.ingest import Receiver, ReplayWriter
 from zmqrl.roles.peers import PeerAccounts, episodes
 from zmqrl.roles.ratelimit import SamplesPerInsert
+from zmqrl.roles.supervise import restart_counts
 from zmqrl.wire import (
     BATCH,
     EVAL,
@@ -328,7 +329,7 @@ class Learner:
                          "rejected_total": self.rejected_total(), "peers_refused": peers.pop("peers_refused"),
                          "refused_names": peers.pop("refused_names"),
                          "config_mismatches": peers.pop("config_mismatches")},
-            "priorities": replay_priority_counts(self.replay),
+            "priorities": replay_priority_counts(self.replay), "restarts": restart_counts(self.dir),
             **peers, "auth": auth_counts(self.ctx),
         }
 

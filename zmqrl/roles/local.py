@@ -1,201 +1,104 @@
-"""Local launcher: learner, proxy, N actors and the evaluator on this machine, as fresh processes.
+"""Local launcher: learner, proxy, N actors and the evaluator on this machine, as supervised processes.
 
-Each role runs as ``python -m zmqrl.cli ROLE ...`` in its own process session, with its log in
-``RUN_DIR/logs/ROLE.log``. The launcher shows one progress view (read from the learner's
-``summary.json``), stops every role with one SIGTERM on Ctrl-C or SIGTERM (SIGKILL for any
-still alive after a grace period), reports a role that dies with the tail of its log, and asks
-the kernel to SIGTERM every child should the launcher itself be killed, so none is orphaned.
+Each role runs as ``python -m zmqrl.cli ROLE ...`` with its log in ``RUN_DIR/logs/ROLE.log``,
+under a :class:`~zmqrl.roles.supervise.Supervisor`: a role that dies is started again (the
+learner with ``--resume`` once the run has a checkpoint), a role that exits 2 stops the run, and
+Ctrl-C or SIGTERM stops every role. The launcher shows one progress view (read from the learner's
+``summary.json``) and counts restarts in ``RUN_DIR/supervisor/local.json``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from zmqrl import checkpoint
 from zmqrl.checkpoint import write_json_atomic
-from zmqrl.config import Config
-from zmqrl.lifecycle import StopFlag
-from zmqrl.record import Progress, print_run_table
-from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, free_port, read_json
+from zmqrl.config import Config, ConfigError
+from zmqrl.record import print_run_table
+from zmqrl.roles.common import free_port, read_json
+from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
 
 log = logging.getLogger("zmqrl")
 
-GRACE_S = 4.5
-BIND_ATTEMPTS = 3  # launches on fresh ports when a role finds its port taken
+GRACE_S = 4.5  # how long roles may take to stop before they are killed
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-@dataclass
-class Role:
-    name: str
-    argv: list[str]
-    proc: subprocess.Popen | None = None
-    log_file: IO[bytes] | None = None
-
-    @property
-    def log_path(self) -> Path:
-        return Path(self.log_file.name) if self.log_file else Path()
-
-    def start(self, log_dir: Path) -> None:
-        self.log_file = open(log_dir / f"{self.name}.log", "wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(self.argv, stdout=self.log_file, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(f"    {line}" for line in text[-lines:])
-
-
-def _stop_all(roles: list[Role], grace_s: float = GRACE_S) -> None:
-    """Stop producers before consumers (actors, then proxy, then the rest) so queued batches land."""
-    deadline = time.monotonic() + grace_s
-    stages = [[r for r in roles if r.name.startswith("actor-")], [r for r in roles if r.name == "proxy"]]
-    stages.append([r for r in roles if all(r not in s for s in stages)])
-    for stage in stages:
-        for role in stage:
-            if role.alive():
-                role.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        stage_deadline = min(deadline, time.monotonic() + grace_s / 3)
-        for role in stage:
-            try:
-                role.proc.wait(timeout=max(0.0, stage_deadline - time.monotonic()))  # type: ignore[union-attr]
-            except subprocess.TimeoutExpired:
-                pass  # killed below if it is still running at the overall deadline
-    for role in roles:
-        if role.proc is None:
-            continue
-        try:
-            role.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("local: %s did not stop within %.0fs; killing it", role.name, grace_s)
-            role.proc.kill()
-            role.proc.wait()
-    for role in roles:
-        if role.log_file:
-            role.log_file.close()
+def config_args(config_path: str | None, overrides: list[str], *extra: str) -> list[str]:
+    """The config file and ``--set`` overrides as every role's command line takes them."""
+    return ([config_path] if config_path else []) + [a for o in [*overrides, *extra] for a in ("--set", o)]
 
 
 def plan_roles(config_path: str | None, overrides: list[str], actors: int, run_dir: Path,
-               evaluator: bool, host: str = "127.0.0.1") -> tuple[list[Role], dict[str, Any]]:
-    """The command line of every role, with free loopback ports."""
+               evaluator: bool, host: str = "127.0.0.1") -> tuple[list[RoleSpec], dict[str, Any]]:
+    """The command line of every role, with free loopback ports, and the endpoints they use."""
     ports = {k: free_port(host) for k in ("data", "model", "eval", "proxy")}
     addr = {k: f"tcp://{host}:{p}" for k, p in ports.items()}
-    base = [sys.executable, "-m", "zmqrl.cli"]
-    cfg_args = ([config_path] if config_path else []) + [a for o in overrides for a in ("--set", o)] + \
-        ["--set", f"actor.num_actors={actors}"]
+    cfg_args = config_args(config_path, overrides, f"actor.num_actors={actors}")
     rd = ["--run-dir", str(run_dir)]
-    roles = [Role("learner", base + ["learner", *cfg_args, *rd, "--bind-data", addr["data"],
-                                     "--bind-model", addr["model"], "--bind-eval", addr["eval"]]),
-             Role("proxy", base + ["proxy", *cfg_args, *rd, "--bind", addr["proxy"], "--learner", addr["data"],
-                                   "--models", addr["model"]])]
-    roles += [Role(f"actor-{i}", base + ["actor", *cfg_args, *rd, "--id", str(i), "--proxy", addr["proxy"],
-                                         "--learner", addr["model"]]) for i in range(actors)]
+    roles = [RoleSpec("learner", "learner", zmqrl_command("learner", cfg_args, *rd, "--bind-data", addr["data"],
+                                                         "--bind-model", addr["model"], "--bind-eval", addr["eval"])),
+             RoleSpec("proxy", "proxy", zmqrl_command("proxy", cfg_args, *rd, "--bind", addr["proxy"],
+                                                     "--learner", addr["data"], "--models", addr["model"]))]
+    roles += [RoleSpec(f"actor-{i}", "actor", zmqrl_command("actor", cfg_args, *rd, "--id", str(i), "--proxy",
+                                                            addr["proxy"], "--learner", addr["model"]))
+              for i in range(actors)]
     if evaluator:
-        roles.append(Role("evaluator", base + ["evaluator", *cfg_args, *rd, "--learner", addr["model"],
-                                               "--report", addr["eval"]]))
+        roles.append(RoleSpec("evaluator", "evaluator", zmqrl_command("evaluator", cfg_args, *rd, "--learner",
+                                                                     addr["model"], "--report", addr["eval"])))
     endpoints = {"learner": {"data": addr["data"], "model": addr["model"], "eval": addr["eval"]},
                  "proxy": {"bind": addr["proxy"]}, "roles": {r.name: r.argv[3:] for r in roles}}
     return roles, endpoints
 
 
+def require_resumable(run_dir: str | Path | None, flag: str = "--resume") -> Path:
+    """The run directory ``--resume`` continues, which must hold ``checkpoints/latest`` (ConfigError if not)."""
+    if not run_dir:
+        raise ConfigError(f"{flag} needs --run-dir (the run directory to continue)")
+    path = Path(run_dir)
+    try:
+        checkpoint.resolve(path / "checkpoints" / "latest")
+    except checkpoint.CheckpointError as exc:
+        raise ConfigError(f"{flag}: {exc}; nothing to resume in {path}") from None
+    return path
+
+
 def run_local(cfg: Config, config_path: str | None, overrides: list[str], actors: int, run_dir: str | None,
-              evaluator: bool = True) -> int:
-    """The ``zmqrl local`` entry point; returns the exit code.
+              evaluator: bool = True, *, resume: bool = False, max_restarts: int = MAX_RESTARTS,
+              fail_fast: bool = False) -> int:
+    """The ``zmqrl local`` entry point; returns the exit code (0 finished or stopped, 1 a role failed for
+    good, 2 a role found its config or input bad, 98 no free ports after every attempt).
 
     Ports are picked free here and bound by the children a moment later; should another process
-    take one in between (a role exits with :data:`EXIT_ADDRESS_IN_USE`, which only a failed bind
-    at its start does), every role is stopped and the run starts over on new ports, up to
-    :data:`BIND_ATTEMPTS` times.
+    take one in between (a role exits 98), every role is started again on new ports.
     """
+    if resume:
+        require_resumable(run_dir)
     path = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     (path / "logs").mkdir(parents=True, exist_ok=True)
     summary_path = path / "summary.json"
-    log.info("local: starting learner, proxy, %d actor(s)%s; logs in %s", actors,
+    if not resume and summary_path.exists():
+        summary_path.unlink()  # a fresh run; the learner writes a new one
+
+    def plan(attempt: int) -> list[RoleSpec]:
+        roles, endpoints = plan_roles(config_path, overrides, actors, path, evaluator)
+        write_json_atomic(path / "endpoints.json", endpoints)
+        return roles
+
+    log.info("local: %s learner, proxy, %d actor(s)%s; logs in %s", "resuming" if resume else "starting", actors,
              " and evaluator" if evaluator else "", path / "logs")
     started = time.monotonic()
-    with StopFlag() as stop:
-        for attempt in range(1, BIND_ATTEMPTS + 1):
-            if summary_path.exists():
-                summary_path.unlink()  # a fresh run; the learner writes a new one
-            roles, endpoints = plan_roles(config_path, overrides, actors, path, evaluator)
-            write_json_atomic(path / "endpoints.json", endpoints)
-            code, taken = _supervise(cfg, roles, summary_path, stop)
-            if taken is None or attempt == BIND_ATTEMPTS or stop.set:
-                break
-            log.warning("local: %s found its port taken by another process (attempt %d of %d); "
-                        "starting every role again on new ports", taken, attempt, BIND_ATTEMPTS)
+    supervisor = Supervisor("local", "local", path, plan, anchor="learner", max_restarts=max_restarts,
+                            fail_fast=fail_fast, resume=resume, grace_s=GRACE_S, progress_total=cfg.trainer.max_opts)
+    with StopSignals() as stop:
+        outcome = supervisor.run(stop)
     summary = read_json(summary_path) or {}
-    log.info("local: finished in %.1fs (%s)", time.monotonic() - started,
-             summary.get("stop_reason") or ("interrupted" if stop.set else "stopped"))
+    restarts = {n: r.restarts for n, r in supervisor.roles.items() if r.restarts}
+    log.info("local: finished in %.1fs (%s; %s); restarts %s; best eval %s; run directory %s",
+             time.monotonic() - started, outcome.reason, summary.get("stop_reason") or "no summary",
+             restarts or "none", summary.get("best_eval_return"), path)
     if summary:
         print_run_table(summary, path)
-    return code
-
-
-def _supervise(cfg: Config, roles: list[Role], summary_path: Path, stop: StopFlag) -> tuple[int, str | None]:
-    """Start ``roles``, show progress until the learner ends, a role dies or ``stop``; stop them all.
-
-    Returns the exit code, and the name of a role that could not bind its port (None otherwise):
-    the caller may then start over on other ports.
-    """
-    progress = Progress(cfg.trainer.max_opts)
-    code, taken, running = 0, None, False
-    for role in roles:
-        role.start(summary_path.parent / "logs")
-    learner = roles[0]
-    while not stop.set:
-        dead = [r for r in roles if not r.alive()]
-        unbound = next((r for r in dead if r.proc.returncode == EXIT_ADDRESS_IN_USE), None)  # type: ignore[union-attr]
-        if unbound is not None:
-            log.info("local: %s could not bind:\n%s", unbound.name, unbound.tail(3))
-            code, taken = EXIT_ADDRESS_IN_USE, unbound.name
-            break
-        if learner in dead:
-            code = learner.proc.returncode  # type: ignore[union-attr]
-            if code != 0:
-                log.error("local: the learner exited with code %s; last lines of %s:\n%s", code,
-                          learner.log_path, learner.tail())
-            break
-        dead = [r for r in dead if r.proc.returncode != 0]  # type: ignore[union-attr]  # 0: the learner said done
-        if dead:
-            for r in dead:
-                log.error("local: %s exited with code %s; last lines of %s:\n%s", r.name,
-                          r.proc.returncode, r.log_path, r.tail())  # type: ignore[union-attr]
-            code = 1
-            break
-        summary = read_json(summary_path)
-        if summary:
-            running = True
-            progress.update(int(summary.get("opt_steps", 0)), {
-                "env": summary.get("env_steps"), "ret": summary.get("train_return_recent"),
-                "eval": summary.get("last_eval_return"), "best": summary.get("best_eval_return"),
-                "env/s": round(summary.get("env_steps_per_s", 0)),
-                "opt/s": round(summary.get("opt_steps_per_s", 0))})
-        try:
-            learner.proc.wait(timeout=0.5 if running else 0.05)  # type: ignore[union-attr]
-        except subprocess.TimeoutExpired:
-            pass
-    progress.close()
-    _stop_all(roles)
-    return code, taken
+    return outcome.code

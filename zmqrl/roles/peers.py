@@ -8,6 +8,7 @@ sender names, and the actors already known keep their counters.
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ class ActorAccount:
     model_updates: float = 0.0
     env_steps_per_s: float = 0.0
     explore: float = 0.0
+    host: str = ""  # the machine it runs on, as it reports it
     refused_model: str = ""  # why it refused the learner's model (config mismatch), if it did
 
 
@@ -115,6 +117,9 @@ class PeerAccounts:
             if key in stats:
                 setattr(actor, key, number(stats, key))
         actor.explore = number(meta, "explore")
+        host = stats.get("host")
+        if isinstance(host, str):
+            actor.host = host[:255]
         return new_steps, *episodes(meta)
 
     def proxy_stats(self, msg: Message) -> None:
@@ -122,6 +127,7 @@ class PeerAccounts:
         if table is not None:
             table.clear()
             table.update(msg.meta)
+            table["incarnation"] = msg.incarnation
 
     def mismatch(self, msg: Message) -> str | None:
         """A peer's report that the learner's model does not fit its config; the reason, if it is one."""
@@ -158,9 +164,13 @@ class PeerAccounts:
         for name, a in self.actors.items():
             entry = asdict(a)
             entry["lag_mean"] = a.lag_sum / max(a.batches, 1)
-            entry["last_seen_s"] = self.actors.last_seen_s(name)
+            entry["last_seen"] = time.time() - (self.actors.last_seen_s(name) or 0.0)
             out[name] = entry
         return out
+
+    def proxies_summary(self) -> dict[str, dict[str, Any]]:
+        return {name: {**p, "last_seen": time.time() - (self.proxies.last_seen_s(name) or 0.0)}
+                for name, p in self.proxies.items()}
 
     def summary(self) -> dict[str, Any]:
         actors = [a for _, a in self.actors.items()]
@@ -173,5 +183,5 @@ class PeerAccounts:
             "refused_names": sorted(self.sequences.refused_names | self.proxies.refused_names)[:8],
             "config_mismatches": self.mismatches,
             "actors": self.actors_summary(),
-            "proxies": dict(self.proxies.items()),
+            "proxies": self.proxies_summary(),
         }

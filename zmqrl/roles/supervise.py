@@ -1,0 +1,562 @@
+"""Supervision of role processes: start them, restart one that dies, stop them all cleanly.
+
+``zmqrl local``, ``zmqrl head`` and ``zmqrl host`` each run a :class:`Supervisor` over their roles.
+Each role runs as ``python -m zmqrl.cli ROLE ...`` in its own process session, its output in
+``RUN_DIR/logs/NAME.log`` (appended to across restarts), and asks the kernel to SIGTERM it should
+the launcher die, so none is orphaned. What a role's exit means:
+
+- **0**: it finished (the learner told it to, or it was asked to stop). The learner's exit 0 ends
+  the run; a ``zmqrl host`` ends once all its actors have finished. Any other role that exits 0
+  while its launcher goes on for :data:`FINISH_GRACE_S` more is started again.
+- **2**: bad config or input. Started again it would fail the same way, so the launcher stops
+  every role and exits 2, showing the tail of that role's log.
+- **98** (:data:`EXIT_ADDRESS_IN_USE`): a port was taken when the role bound it. The launcher stops
+  every role and starts them all again on new ports (its plan decides which), at most
+  :data:`BIND_ATTEMPTS` launches in all.
+- **anything else** (a crash, a signal): started again after a back-off that doubles from
+  :data:`BACKOFF_BASE_S` to :data:`BACKOFF_MAX_S` (and resets once a role has run
+  :data:`BACKOFF_RESET_S`), at most ``max_restarts`` times per role; the learner comes back with
+  ``--resume`` from ``checkpoints/latest`` once this run has written one (fresh before that). With
+  ``fail_fast`` the first such exit (or an exit 0 that would be restarted) ends the run instead.
+
+Every start, exit and restart is logged and counted in ``RUN_DIR/supervisor/NAME.json`` (see
+:meth:`Supervisor.status` for its fields), which ``zmqrl status`` reads.
+
+SIGINT or SIGTERM stops every role: actors first, then proxies, then the rest, so queued batches
+land; roles still running after the grace period are killed. Inside a Slurm step the scheduler
+delivers its signal to every process of the step itself, so the launcher does not send its roles
+a second one (a role takes a second signal as "stop now", skipping its final checkpoint).
+A second signal to the launcher passes SIGTERM on to every role at once; a third kills them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from zmqrl import checkpoint
+from zmqrl.checkpoint import write_json_atomic
+from zmqrl.record import Progress
+from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, read_json
+
+log = logging.getLogger("zmqrl")
+
+EXIT_BAD_INPUT = 2  # a role's config or input is bad: never restarted
+MAX_RESTARTS = 10  # default cap on one role's restarts over a whole run (--max-restarts)
+BIND_ATTEMPTS = 3  # launches on fresh ports when a role finds its port taken
+BACKOFF_BASE_S = 0.5  # first restart delay; doubles with each restart in a row
+BACKOFF_MAX_S = 30.0  # longest restart delay
+BACKOFF_RESET_S = 60.0  # a role that ran this long before exiting restarts after BACKOFF_BASE_S again
+FINISH_GRACE_S = 10.0  # a role that exited 0 is started again if its launcher is still running after this
+STATUS_INTERVAL_S = 2.0  # RUN_DIR/supervisor/NAME.json is rewritten at least this often
+SUPERVISOR_DIR = "supervisor"
+STAGES = ("actor", "proxy")  # stopped first, in this order; every other kind after them
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def signals_reach_roles() -> bool:
+    """True where the scheduler signals every process of the launcher's job step itself.
+
+    That is a Slurm step started by ``srun`` (``scancel`` and ``scancel --signal`` reach every
+    process of the step, the roles included). ``ZMQRL_SIGNALS_REACH_ROLES=1`` (or ``0``) says so
+    explicitly, e.g. under systemd's ``KillMode=control-group``.
+    """
+    explicit = os.environ.get("ZMQRL_SIGNALS_REACH_ROLES")
+    if explicit in ("0", "1"):
+        return explicit == "1"
+    return bool(os.environ.get("SLURM_STEP_ID"))
+
+
+def role_env() -> dict[str, str]:
+    """Every role's environment: the launcher's, unbuffered, one math thread."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def zmqrl_command(role: str, config_args: list[str], *args: str) -> list[str]:
+    """``python -m zmqrl.cli ROLE CONFIG --set ... ARGS``: a role run with this launcher's Python."""
+    return [sys.executable, "-m", "zmqrl.cli", role, *config_args, *args]
+
+
+@dataclass
+class RoleSpec:
+    """What to run for one role: its unique name (``actor-3``), kind and command line."""
+
+    name: str
+    kind: str  # learner, proxy, actor or evaluator
+    argv: list[str]
+
+
+@dataclass
+class Role:
+    """One supervised role: its current process, its log and its history."""
+
+    spec: RoleSpec
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    state: str = "pending"  # pending, running, waiting (to restart), finished, failed, stopped
+    starts: int = 0
+    restarts: int = 0
+    in_a_row: int = 0  # restarts since the role last ran BACKOFF_RESET_S
+    started_at: float = 0.0  # monotonic
+    restart_at: float = 0.0  # monotonic, while waiting
+    finished_at: float = 0.0  # monotonic, after an exit 0
+    last_exit: int | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # one entry per exit
+    _log: IO[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, argv: list[str], append: bool) -> None:
+        self.close_log()
+        self._log = open(self.log_path, "ab" if append else "wb")
+        if append and self.log_path.stat().st_size:
+            self._log.write(f"--- {time.strftime('%H:%M:%S')} start {self.starts + 1}: "
+                            f"{' '.join(argv[3:])}\n".encode())
+            self._log.flush()
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=role_env(), start_new_session=True, preexec_fn=_die_with_parent)
+        self.starts += 1
+        self.state = "running"
+        self.started_at = time.monotonic()
+
+    def close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                self.proc.send_signal(sig)  # type: ignore[union-attr]
+            except ProcessLookupError:
+                pass
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "    (no log)"
+        return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
+
+
+def stop_roles(roles: Iterable[Role], grace_s: float) -> None:
+    """Stop processes outside a supervisor (the bench, tools): actors, then proxies, then the rest,
+    each SIGTERMed and given a share of ``grace_s``; whatever is left at the end is killed."""
+    roles = list(roles)
+    live = [r for r in roles if r.alive()]
+    deadline = time.monotonic() + grace_s
+    stages = [[r for r in live if r.kind == kind] for kind in STAGES] + [[r for r in live if r.kind not in STAGES]]
+    for stage in stages:
+        for role in stage:
+            role.signal(signal.SIGTERM)
+        stage_deadline = min(deadline, time.monotonic() + grace_s / 3)
+        for role in stage:
+            try:
+                role.proc.wait(timeout=max(0.0, stage_deadline - time.monotonic()))  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                pass
+    for role in live:
+        try:
+            role.proc.wait(timeout=max(0.0, deadline - time.monotonic()))  # type: ignore[union-attr]
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0fs; killing it", role.name, grace_s)
+            role.proc.kill()  # type: ignore[union-attr]
+            role.proc.wait()  # type: ignore[union-attr]
+    for role in roles:
+        role.close_log()
+
+
+@dataclass
+class Outcome:
+    """How a supervised launch ended: the exit code, and the role that could not bind (None otherwise)."""
+
+    code: int
+    reason: str
+    unbound: str | None = None
+
+
+class StopSignals:
+    """SIGINT/SIGTERM for a launcher: counts them, never raises (the launcher escalates step by step)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.signal_name = ""
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def set(self) -> bool:
+        return self.count > 0
+
+    def __enter__(self) -> StopSignals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.signal_name = signal.Signals(signum).name
+            log.info("received %s: stopping every role", self.signal_name)
+        else:
+            log.warning("received %s again (%d): stopping the roles %s", signal.Signals(signum).name, self.count,
+                        "now" if self.count == 2 else "by SIGKILL")
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class Supervisor:
+    """Runs the roles ``plan`` returns, restarting them by the rules in the module docstring.
+
+    ``plan(attempt)`` gives the roles of launch ``attempt`` (1, 2, ... on fresh ports). ``name`` is the
+    launcher's (``local``, ``head`` or a host's), used for its status file and log lines; ``anchor``
+    says what ends the launch: ``"learner"`` (its exit 0) or ``"actors"`` (all of them exited 0).
+    """
+
+    def __init__(self, name: str, launcher: str, run_dir: Path, plan: Callable[[int], list[RoleSpec]], *,
+                 anchor: str = "learner", max_restarts: int = MAX_RESTARTS, fail_fast: bool = False,
+                 resume: bool = False, grace_s: float = 4.5, progress_total: int = 0) -> None:
+        if max_restarts < 0:
+            raise ValueError("max_restarts must be >= 0")
+        self.name, self.launcher, self.dir, self.plan = name, launcher, run_dir, plan
+        self.anchor, self.max_restarts, self.fail_fast, self.resume = anchor, max_restarts, fail_fast, resume
+        self.grace_s = grace_s
+        self.log_dir = run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.status_path = run_dir / SUPERVISOR_DIR / f"{name}.json"
+        self.status_path.parent.mkdir(parents=True, exist_ok=True)
+        self.roles: dict[str, Role] = {}
+        self.started = time.time()
+        self.state = "starting"
+        self.reason = ""
+        self.attempt = 0
+        self._latest_at_start = self._latest_signature()
+        self._progress = Progress(progress_total) if progress_total else None  # from the learner's summary.json
+        self._status_due = 0.0
+        self._history_limit = 50
+
+    # --- the learner's checkpoint -----------------------------------------------------------
+    def _latest_signature(self) -> tuple[int, int] | None:
+        """(inode, mtime) of ``checkpoints/latest``'s state file, or None when there is none."""
+        try:
+            state = checkpoint.resolve(self.dir / "checkpoints" / "latest") / checkpoint.STATE_FILE
+            st = state.stat()
+        except (checkpoint.CheckpointError, OSError):
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def learner_resumes(self) -> bool:
+        """Whether a learner started now resumes: asked to, or this run has written a checkpoint since."""
+        signature = self._latest_signature()
+        return signature is not None and (self.resume or signature != self._latest_at_start)
+
+    def _argv(self, role: Role) -> list[str]:
+        argv = list(role.spec.argv)
+        if role.kind == "learner" and self.learner_resumes() and "--resume" not in argv:
+            argv.append("--resume")
+        return argv
+
+    # --- the loop ----------------------------------------------------------------------------
+    def run(self, stop: StopSignals) -> Outcome:
+        """Launch (again on fresh ports after a failed bind) until the run ends or ``stop``; returns how it ended."""
+        outcome = Outcome(0, "stopped")
+        try:
+            for attempt in range(1, BIND_ATTEMPTS + 1):
+                self.attempt = attempt
+                self._launch(self.plan(attempt), first=attempt == 1)
+                outcome = self._watch(stop)
+                self._stop_all(stop, external=stop.set)
+                if outcome.unbound is None or stop.set:
+                    break
+                if attempt < BIND_ATTEMPTS:
+                    log.warning("%s: %s found its port taken by another process (attempt %d of %d); starting every "
+                                "role again on new ports", self.name, outcome.unbound, attempt, BIND_ATTEMPTS)
+        finally:
+            if self._progress is not None:
+                self._progress.close()
+            for role in self.roles.values():
+                if role.alive():  # only after an exception: kill what is left rather than orphan it
+                    role.proc.kill()  # type: ignore[union-attr]
+                    role.proc.wait()  # type: ignore[union-attr]
+                role.close_log()
+            self.state = "finished" if outcome.code == 0 else "failed"
+            self.reason = outcome.reason
+            self.write_status()
+        return outcome
+
+    def _launch(self, specs: list[RoleSpec], first: bool) -> None:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"role names are not unique: {names}")
+        for spec in specs:
+            role = self.roles.get(spec.name)
+            if role is None:
+                role = self.roles[spec.name] = Role(spec, self.log_dir / f"{spec.name}.log")
+            role.spec = spec
+            role.state = "pending"
+            role.start(self._argv(role), append=self.resume or not first or role.starts > 0)
+        self.state = "running"
+        self.write_status()
+
+    def _watch(self, stop: StopSignals) -> Outcome:
+        """Poll the roles until the launch ends (or ``stop``); restart those that died."""
+        while not stop.set:
+            now = time.monotonic()
+            for role in list(self.roles.values()):
+                if role.state == "running" and role.proc is not None and role.proc.poll() is not None:
+                    outcome = self._exited(role, role.proc.returncode, now)
+                    if outcome is not None:
+                        return outcome
+            if self._done():
+                return Outcome(0, "every actor finished" if self.anchor == "actors" else "the learner finished")
+            for role in self.roles.values():
+                if role.state == "waiting" and now >= role.restart_at:
+                    self._restart(role)
+                elif role.state == "finished" and now - role.finished_at >= FINISH_GRACE_S:
+                    outcome = self._exited_early(role)
+                    if outcome is not None:
+                        return outcome
+            self._show_progress()
+            if time.monotonic() >= self._status_due:
+                self.write_status()
+            learner = self.roles.get("learner")
+            if learner is not None and learner.alive():
+                try:
+                    learner.proc.wait(timeout=0.2)  # type: ignore[union-attr]
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.2)
+        return Outcome(0, f"stopped by {stop.signal_name or 'a signal'}")
+
+    def _done(self) -> bool:
+        if self.anchor == "actors":
+            actors = [r for r in self.roles.values() if r.kind == "actor"]
+            return bool(actors) and all(r.state == "finished" for r in actors)
+        return False  # the learner's exit 0 ends the launch in _exited
+
+    def _exited(self, role: Role, code: int, now: float) -> Outcome | None:
+        """Account for ``role``'s exit (in the status file too); returns the launch's outcome when this exit ends it."""
+        ran_s = now - role.started_at
+        role.last_exit = code
+        role.history.append({"time": round(time.time(), 3), "exit": code, "ran_s": round(ran_s, 3)})
+        del role.history[:-self._history_limit]
+        role.close_log()
+        try:
+            return self._judge(role, code, now, ran_s)
+        finally:
+            self.write_status()
+
+    def _judge(self, role: Role, code: int, now: float, ran_s: float) -> Outcome | None:
+        """What ``role``'s exit ``code`` means (the rules in the module docstring)."""
+        if code == EXIT_ADDRESS_IN_USE:
+            role.state = "failed"
+            log.info("%s: %s could not bind:\n%s", self.name, role.name, role.tail(3))
+            return Outcome(EXIT_ADDRESS_IN_USE, f"{role.name} could not bind its port", unbound=role.name)
+        if code == 0:
+            role.state, role.finished_at = "finished", now
+            if role.kind == "learner":
+                return Outcome(0, "the learner finished")
+            log.info("%s: %s finished (exit 0)", self.name, role.name)
+            return None
+        role.state = "failed"
+        where = f"last lines of {role.log_path}:\n{role.tail()}"
+        if code == EXIT_BAD_INPUT:
+            log.error("%s: %s exited with code 2 (bad config or input); not restarting it, it would fail the same "
+                      "way; stopping the run. %s", self.name, role.name, where)
+            return Outcome(EXIT_BAD_INPUT, f"{role.name} exited with code 2 (bad config or input)")
+        if self.fail_fast:
+            log.error("%s: %s exited with code %s (--fail-fast: stopping the run); %s", self.name, role.name, code,
+                      where)
+            return Outcome(1, f"{role.name} exited with code {code}")
+        if role.restarts >= self.max_restarts:
+            log.error("%s: %s exited with code %s after %.1fs and was already restarted %d time(s) (--max-restarts "
+                      "%d); stopping the run. %s", self.name, role.name, code, ran_s, role.restarts, self.max_restarts,
+                      where)
+            return Outcome(1, f"{role.name} exited with code {code}; restarts exhausted")
+        if ran_s >= BACKOFF_RESET_S:  # it had been running well: this is not a crash loop
+            role.in_a_row = 0
+        delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** role.in_a_row)
+        role.state, role.restart_at = "waiting", now + delay
+        resume = " with --resume" if role.kind == "learner" and self.learner_resumes() else \
+            " fresh (no checkpoint from this run yet)" if role.kind == "learner" else ""
+        log.warning("%s: %s exited with code %s after %.1fs; restarting it%s in %.1fs (restart %d of at most %d); "
+                    "last lines of %s:\n%s", self.name, role.name, code, ran_s, resume, delay, role.restarts + 1,
+                    self.max_restarts, role.log_path, role.tail(8))
+        return None
+
+    def _exited_early(self, role: Role) -> Outcome | None:
+        """A role that exited 0 while its launcher goes on: start it again (it counts as a restart)."""
+        if self.fail_fast:
+            log.error("%s: %s exited 0 %.0fs ago while the run goes on (--fail-fast: stopping the run)", self.name,
+                      role.name, FINISH_GRACE_S)
+            return Outcome(1, f"{role.name} exited while the run went on")
+        if role.restarts >= self.max_restarts:
+            log.error("%s: %s exited 0 %.0fs ago while the run goes on, and was already restarted %d time(s) "
+                      "(--max-restarts %d); stopping the run", self.name, role.name, FINISH_GRACE_S, role.restarts,
+                      self.max_restarts)
+            return Outcome(1, f"{role.name} exited while the run went on; restarts exhausted")
+        log.warning("%s: %s exited 0 but the run goes on; starting it again (restart %d of at most %d)", self.name,
+                    role.name, role.restarts + 1, self.max_restarts)
+        self._restart(role)
+        return None
+
+    def _restart(self, role: Role) -> None:
+        role.restarts += 1
+        role.in_a_row += 1
+        role.history[-1]["restarted"] = True
+        argv = self._argv(role)
+        role.start(argv, append=True)
+        log.info("%s: restarted %s (pid %d%s)", self.name, role.name, role.proc.pid,  # type: ignore[union-attr]
+                 ", --resume" if "--resume" in argv and role.kind == "learner" else "")
+        self.write_status()
+
+    def restarts_total(self) -> int:
+        return sum(r.restarts for r in self.roles.values())
+
+    def _show_progress(self) -> None:
+        if self._progress is None:
+            return
+        summary = read_json(self.dir / "summary.json")
+        if not summary:
+            return
+        fields = {"env": summary.get("env_steps"), "ret": summary.get("train_return_recent"),
+                  "eval": summary.get("last_eval_return"), "best": summary.get("best_eval_return"),
+                  "env/s": round(summary.get("env_steps_per_s") or 0),
+                  "opt/s": round(summary.get("opt_steps_per_s") or 0)}
+        restarts = self.restarts_total()
+        if restarts:
+            fields["restarts"] = restarts
+        self._progress.update(int(summary.get("opt_steps") or 0), fields)
+
+    # --- stopping ------------------------------------------------------------------------------
+    def _stop_all(self, stop: StopSignals, external: bool) -> None:
+        """Stop every role: actors, then proxies, then the rest; kill what is left after the grace period.
+
+        ``external``: the launcher itself was signalled. Inside a Slurm step every role got that
+        signal from the scheduler too, and is not sent another.
+        """
+        for role in self.roles.values():
+            if role.state in ("waiting", "pending"):
+                role.state = "stopped"
+        live = [r for r in self.roles.values() if r.alive()]
+        if not live:
+            return
+        self.state = "stopping"
+        self.write_status()
+        signalled = external and signals_reach_roles()
+        if signalled:
+            log.info("%s: every role got the scheduler's signal too; waiting up to %.0fs for them to stop",
+                     self.name, self.grace_s)
+        deadline = time.monotonic() + self.grace_s
+        stages = [[r for r in live if r.kind == kind] for kind in STAGES]
+        stages.append([r for r in live if r.kind not in STAGES])
+        escalated = stop.count
+        for stage in stages:
+            if not signalled:
+                for role in stage:
+                    role.signal(signal.SIGTERM)
+            stage_deadline = min(deadline, time.monotonic() + self.grace_s / 3)
+            escalated = self._wait(stage, stage_deadline, stop, escalated, live)
+        escalated = self._wait(live, deadline, stop, escalated, live)
+        for role in live:
+            if role.alive():
+                log.warning("%s: %s did not stop within %.0fs; killing it", self.name, role.name, self.grace_s)
+                role.proc.kill()  # type: ignore[union-attr]
+        for role in live:
+            role.proc.wait()  # type: ignore[union-attr]
+            role.last_exit = role.proc.returncode  # type: ignore[union-attr]
+            role.state = "stopped" if role.last_exit == 0 else "killed" if role.last_exit == -9 else "failed"
+            role.close_log()
+
+    def _wait(self, roles: Iterable[Role], deadline: float, stop: StopSignals, escalated: int,
+              live: list[Role]) -> int:
+        """Wait for ``roles`` to exit until ``deadline``; a further signal to the launcher escalates."""
+        for role in roles:
+            while role.alive() and time.monotonic() < deadline:
+                if stop.count > escalated:
+                    escalated = stop.count
+                    sig = signal.SIGTERM if escalated == 2 else signal.SIGKILL
+                    for other in live:
+                        other.signal(sig)
+                try:
+                    role.proc.wait(timeout=min(0.1, max(0.0, deadline - time.monotonic())))  # type: ignore[union-attr]
+                except subprocess.TimeoutExpired:
+                    pass
+        return escalated
+
+    # --- the status file -------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """What ``RUN_DIR/supervisor/NAME.json`` holds.
+
+        ``launcher`` (local, head or host), ``name``, ``hostname``, ``pid``, ``started`` and ``updated``
+        (Unix times), ``state`` (starting, running, stopping, finished, failed), ``reason`` (how it
+        ended), ``max_restarts``, ``restarts_total``, ``bind_attempts``, and ``roles``: per role name,
+        ``kind``, ``pid``, ``state`` (running, waiting, finished, failed, stopped, killed), ``starts``,
+        ``restarts``, ``last_exit``, ``exits`` (the last exits: ``time``, ``exit`` code, ``ran_s``,
+        ``restarted``) and ``log`` (the log file, relative to the run directory).
+        """
+        roles = {}
+        for name, role in self.roles.items():
+            roles[name] = {"kind": role.kind, "pid": role.proc.pid if role.proc else None, "state": role.state,
+                           "starts": role.starts, "restarts": role.restarts, "last_exit": role.last_exit,
+                           "exits": role.history, "log": os.path.relpath(role.log_path, self.dir)}
+        return {"launcher": self.launcher, "name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
+                "started": round(self.started, 3), "updated": round(time.time(), 3), "state": self.state,
+                "reason": self.reason, "max_restarts": self.max_restarts, "restarts_total": self.restarts_total(),
+                "bind_attempts": self.attempt, "roles": roles}
+
+    def write_status(self) -> None:
+        self._status_due = time.monotonic() + STATUS_INTERVAL_S
+        try:
+            write_json_atomic(self.status_path, self.status())
+        except OSError as exc:
+            log.warning("%s: could not write %s: %s", self.name, self.status_path, exc)
+
+
+def read_status_files(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every launcher's status file in ``run_dir/supervisor/``, by launcher name."""
+    found = {}
+    for path in sorted((run_dir / SUPERVISOR_DIR).glob("*.json")):
+        data = read_json(path)
+        if data is not None:
+            found[path.stem] = data
+    return found
+
+
+def restart_counts(run_dir: Path) -> dict[str, int]:
+    """Restarts per role over every launcher of the run (what ``summary.json`` reports)."""
+    counts: dict[str, int] = {}
+    for launcher in read_status_files(run_dir).values():
+        roles = launcher.get("roles")
+        for name, entry in (roles.items() if isinstance(roles, dict) else []):
+            restarts = entry.get("restarts") if isinstance(entry, dict) else None
+            if isinstance(restarts, int) and not isinstance(restarts, bool):
+                counts[name] = counts.get(name, 0) + restarts
+    return counts
