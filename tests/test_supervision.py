@@ -349,13 +349,19 @@ def test_head_and_two_hosts(tmp_path: Path, procs: Procs) -> None:
     assert host_b["reason"] == "every actor finished" and host_b["restarts_total"] == 0, host_b
     assert host_b["roles"]["actor-2"]["state"] == "finished" and host_b["roles"]["proxy-b"]["state"] == "stopped"
 
-    # SIGTERM stops the head cleanly (the learner saves); `zmqrl head --resume` continues the run from its
-    # directory (CONFIG defaults to the saved config.yaml) and host a's actors carry on with it.
+    # SIGTERM stops the head cleanly (the learner saves and says the run is over): host a's actors finish
+    # and host a ends with exit 0 on its own. `zmqrl head --resume` continues the run from its directory
+    # (CONFIG defaults to the saved config.yaml) and a host started again joins it.
     head.signal(signal.SIGTERM)
     assert head.wait(timeout=60) == 0, diag(procs, run_dir)
     stopped = summary(run_dir)
     assert stopped.get("stop_reason") == "stopped by SIGTERM", stopped
+    assert procs["host-a"].wait(timeout=60) == 0, procs.describe(names=["host-a"])
+    host_a = supervisor_file(run_dir, "host-a")
+    assert host_a["reason"] == "every actor finished" and host_a["restarts_total"] == 0, host_a
     again = procs.start("head-again", cli("head", "--run-dir", str(run_dir), "--resume"))
+    procs.start("host-a-again", zmqrl_argv("host", "--learner", "127.0.0.1", "--actors", "2", "--name", "a",
+                                           "--run-dir", str(run_dir), overrides=overrides))
     wait_for(lambda: len(RESUMED.findall(log.read_text())) == 2, 90, "the learner under zmqrl head --resume to resume",
              lambda: diag(procs, run_dir))
     assert int(RESUMED.findall(log.read_text())[-1]) == stopped["opt_steps"], (RESUMED.findall(log.read_text()),
@@ -365,11 +371,7 @@ def test_head_and_two_hosts(tmp_path: Path, procs: Procs) -> None:
              "host a's actors' batches at the resumed learner", lambda: diag(procs, run_dir))
     again.signal(signal.SIGTERM)
     assert again.wait(timeout=60) == 0, diag(procs, run_dir)
-    procs["host-a"].signal(signal.SIGTERM)
-    assert procs["host-a"].wait(timeout=60) == 0, procs.describe(names=["host-a"])
-    host_a = supervisor_file(run_dir, "host-a")
-    assert host_a["launcher"] == "host" and host_a["restarts_total"] == 0, host_a
-    assert all(r["state"] == "stopped" for r in host_a["roles"].values()), host_a["roles"]
+    assert procs["host-a-again"].wait(timeout=60) == 0, procs.describe(names=["host-a-again"])
     assert not pids_with_arg(str(run_dir)), "processes of the run are still alive"
 
 
