@@ -99,7 +99,7 @@ def test_role_scripts_train_together(tmp_path: Path, procs: Procs) -> None:
     for name in ("evaluator", "actor-0", "actor-1", "proxy"):
         assert procs[name].wait(timeout=30) == 0, procs.describe(names=[name])
     stats = read_json(run_dir / "roles" / "actor-1.json") or {}
-    assert stats.get("epsilon", 1.0) < 0.01, f"actor.sh did not pass ZMQRL_NUM_ACTORS on: {stats}"
+    assert stats.get("explore", 1.0) < 0.01, f"actor.sh did not pass ZMQRL_NUM_ACTORS on: {stats}"
 
 
 # --------------------------------------------------------------------------------------------------
