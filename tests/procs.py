@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+from zmqrl.bench.harness import alive as pid_alive  # noqa: F401  (re-exported for the tests)
+from zmqrl.bench.harness import cmdline, kill_pids, pids_with_arg  # noqa: F401
 from zmqrl.roles.common import read_json  # noqa: F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,63 +57,6 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return "    (no log)"
     return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
 
-
-# --- processes found by their command line (the local launcher's children) ----------------------
-
-def _state(pid: int) -> str | None:
-    """The process state letter (R, S, Z, ...), or None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[-1].split()[0]
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (an exited process not yet reaped counts as gone)."""
-    state = _state(pid)
-    return state is not None and state != "Z"
-
-
-def pids_with_arg(arg: str) -> list[int]:
-    """Live processes with ``arg`` as one exact command-line argument (e.g. a test's unique run dir)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if arg.encode() in argv and pid_alive(int(entry.name)):
-            found.append(int(entry.name))
-    return sorted(found)
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def kill_pids(pids: Iterable[int], grace_s: float = 5.0) -> None:
-    """SIGTERM each pid, wait up to ``grace_s`` for all, then SIGKILL the survivors."""
-    pids = [p for p in pids if pid_alive(p)]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in pids:
-        if pid_alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 # --- processes this test started -------------------------------------------------------------------
