@@ -58,7 +58,6 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
 
 
-
 # --- processes this test started -------------------------------------------------------------------
 
 class Proc:
