@@ -126,12 +126,12 @@ class TrainedPolicy:
         from zmqrl.envs import make_env
 
         if video_dir is None:
-            return make_env(self.cfg.env)
+            return make_env(self.cfg.env, training=False)
         for var in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):  # classic-control envs draw with pygame; rgb_array
             os.environ.setdefault(var, "dummy")            # frames need no display or sound device
         os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
         env_cfg = replace(self.cfg.env, kwargs={**self.cfg.env.kwargs, "render_mode": "rgb_array"})
-        env = make_env(env_cfg)
+        env = make_env(env_cfg, training=False)
         try:
             return gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
                                            name_prefix=self._video_prefix, disable_logger=True)

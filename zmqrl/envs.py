@@ -33,13 +33,18 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from zmqrl import atari
+from zmqrl.atari import GAME_LENGTH, GAME_RETURN, GameStats
 from zmqrl.checkpoint import is_plain, plain_copy
 from zmqrl.config import ConfigError, EnvConfig
 
 
 def _atari(env: gym.Env, cfg: EnvConfig) -> gym.Env:
-    env = gym.wrappers.AtariPreprocessing(env, frame_skip=1 if "NoFrameskip" not in str(env.spec) else 4)
-    return gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
+    return atari.wrap(env, cfg.frame_stack, training=True)
+
+
+def _atari_eval(env: gym.Env, cfg: EnvConfig) -> gym.Env:
+    return atari.wrap(env, cfg.frame_stack, training=False)
 
 
 def _frame_stack(env: gym.Env, cfg: EnvConfig) -> gym.Env:
@@ -62,6 +67,14 @@ WRAPPERS: dict[str, Callable[[gym.Env, EnvConfig], gym.Env]] = {
 }
 
 
+# How evaluation and `zmqrl enjoy` see an env: training-only wrappers left out (None), or replaced.
+# Their scores are then the game's own: full games (not lives), unclipped rewards.
+EVAL_WRAPPERS: dict[str, Callable[[gym.Env, EnvConfig], gym.Env] | None] = {
+    "atari": _atari_eval,
+    "clip_reward": None,
+}
+
+
 def _resolve_wrapper(name: str) -> Callable[[gym.Env, EnvConfig], gym.Env]:
     if name in WRAPPERS:
         return WRAPPERS[name]
@@ -75,17 +88,32 @@ def _resolve_wrapper(name: str) -> Callable[[gym.Env, EnvConfig], gym.Env]:
                       "or 'module:function'")
 
 
-def make_env(cfg: EnvConfig) -> gym.Env:
-    """One environment with the configured wrappers (seeded later, at reset)."""
+def register_namespace(env_id: str) -> None:
+    """Register the envs of packages gymnasium does not load on its own: ``ALE/...`` (ale-py)
+    and ``zmqrl/...`` (:mod:`zmqrl.catch`)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        atari.register()
+    elif env_id.startswith("zmqrl/"):
+        import zmqrl.catch  # noqa: F401  (registers on import)
+
+
+def make_env(cfg: EnvConfig, training: bool = True) -> gym.Env:
+    """One environment with the configured wrappers (seeded later, at reset).
+
+    ``training=False`` builds it as evaluation sees it (see :data:`EVAL_WRAPPERS`).
+    """
     kwargs: dict[str, Any] = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
+    register_namespace(cfg.id)
     try:
         env = gym.make(cfg.id, **kwargs)
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: cannot make {cfg.id!r}: {exc}") from None
     for name in cfg.wrappers:
-        env = _resolve_wrapper(name)(env, cfg)
+        wrapper = EVAL_WRAPPERS.get(name, _resolve_wrapper(name)) if not training else _resolve_wrapper(name)
+        if wrapper is not None:
+            env = wrapper(env, cfg)
     return env
 
 
@@ -366,6 +394,8 @@ class VectorStepper:
     def __init__(self, vec: SyncVectorEnv, seed: int) -> None:
         self.vec = vec
         self.num_envs = vec.num_envs
+        # Envs that count whole games (Atari with a life per episode) report those, not episodes.
+        self.games = any(isinstance(layer, GameStats) for env in vec.envs for layer in _layers(env))
         self.obs, _ = vec.reset(seed=[seed + i for i in range(self.num_envs)])
         self._ret = np.zeros(self.num_envs, dtype=np.float64)
         self._len = np.zeros(self.num_envs, dtype=np.int64)
@@ -383,6 +413,8 @@ class VectorStepper:
         self._len += 1
         returns = self._ret[done].tolist()
         lengths = self._len[done].tolist()
+        if self.games:
+            returns, lengths = _games(info, done)
         self._ret[done] = 0.0
         self._len[done] = 0
         self.obs = new_obs
@@ -417,11 +449,22 @@ class VectorStepper:
         self.vec.close()
 
 
+def _games(info: dict[str, Any], done: np.ndarray) -> tuple[list[float], list[int]]:
+    """Return and length of each game that ended in a vector step (``final_info`` of GameStats)."""
+    final = info.get("final_info") or {}
+    ended = final.get(f"_{GAME_RETURN}")
+    if ended is None:
+        return [], []
+    ended = np.asarray(ended) & done
+    return (np.asarray(final[GAME_RETURN])[ended].astype(float).tolist(),
+            np.asarray(final[GAME_LENGTH])[ended].astype(int).tolist())
+
+
 class GreedyEvaluator:
     """Runs ``episodes`` greedy episodes at once, one per env of a vector, batched forwards."""
 
     def __init__(self, cfg: EnvConfig, episodes: int, seed: int) -> None:
-        self.vec = SyncVectorEnv([lambda: make_env(cfg) for _ in range(episodes)],
+        self.vec = SyncVectorEnv([lambda: make_env(cfg, training=False) for _ in range(episodes)],
                                  autoreset_mode=AutoresetMode.SAME_STEP)
         self.episodes = episodes
         self.seed = seed
