@@ -271,7 +271,7 @@ def test_replay_rows(tmp_path: Path) -> None:
     out = tmp_path / "replay.json"
     assert bench.main(["--only", "replay", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert [r["name"] for r in rows] == ["replay_bytes_cartpole_dqn", "replay_bytes_frames"]
+    assert [r["name"] for r in rows] == ["replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari"]
     for row in rows:
         check_schema(row)
         check_verdict(row)
@@ -280,6 +280,9 @@ def test_replay_rows(tmp_path: Path) -> None:
     assert frames["baseline"] == 2 * 4 * 84 * 84  # obs and next_obs stacks of one transition
     assert 84 * 84 / frames["baseline"] < frames["ratio"] < 0.35  # about one frame per transition is kept
     assert "each distinct frame stored once" in frames["note"]
+    atari = rows[2]  # real Pong frames at a capacity of 1M: about one 84x84 frame per transition
+    assert atari["baseline"] == 2 * 4 * 84 * 84 and 0.05 < atari["ratio"] < 0.35, atari
+    assert "capacity 1,000,000" in atari["note"] and "GiB" in atari["note"]
 
 
 @pytest.mark.slow
@@ -293,7 +296,8 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     errors = [r for r in rows if r["note"].startswith("error:")]
     assert code == 0 and not errors, errors
     by_name = {r["name"]: r for r in rows}
-    expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "actor_cartpole_dqn", "actor_pendulum_sac",
+    expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari", "actor_cartpole_dqn",
+                "actor_pendulum_sac", "actor_pong_dqn",
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
                 "transport_atari_64_direct", "learner_opt_steps", "broadcast_1mb", "broadcast_10mb", "startup_s",
                 "scaling_1_actors", "scaling_halfcheetah_sac_local_vs_bare", "solve_cartpole_dqn_local_vs_train",

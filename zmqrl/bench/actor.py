@@ -26,8 +26,10 @@ from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import options, read_json
 from zmqrl.wire import SocketOptions, encode_model, make_socket, send_frames
 
-CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml")
+CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml", "pong_dqn.yaml")
 MODEL_INTERVAL_S = 0.1  # a new model version this often, as a learner with a short sync interval sends them
+# A 6.7 MB Nature CNN every second: a GPU learner at ~100 updates/s and sync_interval 100.
+MODEL_INTERVALS_S = {"pong_dqn.yaml": 1.0}
 
 
 def sink(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
@@ -113,6 +115,7 @@ def measure(c: Context, path: Path) -> Row:
     overrides = ["actor.nice=0"]
     cfg = load_config(path, *overrides)
     tag = cfg.run.name
+    interval = MODEL_INTERVALS_S.get(path.name, MODEL_INTERVAL_S)
     task = make_task(cfg)
     params_path = save_arrays(c.path(f"actor-{tag}-model.npz"), task.agent().params())
     sink_addr, model_addr = free_addr(), free_addr()
@@ -124,7 +127,7 @@ def measure(c: Context, path: Path) -> Row:
         sink_proc = procs.child(f"actor-{tag}-sink", sink, {**common, "bind": sink_addr, "out": str(out),
                                                             "timeout_s": 600})
         models_proc = procs.child(f"actor-{tag}-models", models, {
-            **common, "bind": model_addr, "params": str(params_path), "interval_s": MODEL_INTERVAL_S,
+            **common, "bind": model_addr, "params": str(params_path), "interval_s": interval,
             "meta": {"pause": False, "task": task_signature(task)},
             "timeout_s": 60, "out": str(c.path(f"actor-{tag}-models.json"))})
         actor = Actor(cfg, 0, sink_addr, model_addr)
@@ -151,7 +154,7 @@ def measure(c: Context, path: Path) -> Row:
     c.measured[f"actor_rate_{tag}"] = measured
     pairs = ", ".join(f"{r / b:.2f}" for r, b in zip(real, bare, strict=True))
     note = (f"{path.name}: Actor.run ({type(actor.policy).__name__}) PUSHing to a sink process, a new model every "
-            f"{MODEL_INTERVAL_S:g} s from another process ({actor.stats.model_updates} applied), priorities "
+            f"{interval:g} s from another process ({actor.stats.model_updates} applied), priorities "
             f"{'computed' if actor.priorities else 'not computed'}, {cfg.env.num_envs} env(s), n_buffer "
             f"{cfg.actor.n_buffer}; baseline: the same ActingLoop (envs + policy.act + n-step builder) without "
             f"sockets; sink got {got}/{sent} batches; figures = medians of {s.actor_reps} alternated windows of "

@@ -9,6 +9,8 @@ import numpy as np
 from zmqrl.bench.harness import Context, Row, load_config, make_row, transition_pool
 
 CONFIG = "cartpole_dqn.yaml"
+ATARI_CONFIG = "pong_dqn.yaml"
+ATARI_CAPACITY = 1_000_000  # the replay size of Ape-X, Dopamine and border's IQN: what a user plans RAM for
 NOISE_FRAMES_ID = "zmqrl/NoiseFrames-v0"
 
 
@@ -74,4 +76,30 @@ def run(c: Context) -> list[Row]:
                          f"{frames_cfg.agent.n_step}-step), {kind} replay of {capacity} after "
                          f"{len(stream['reward'])} adds: {pooled}; baseline = obs + next_obs stacks",
                          ("<=", 0.35)))
+    rows.append(_atari_row(c))
     return rows
+
+
+def _atari_row(c: Context) -> Row:
+    """Bytes per transition of a full replay of real Pong frames at Atari's usual capacity of 1M.
+
+    The ring arrays are allocated for every slot at once; the frame pool grows with the distinct
+    frames held, measured here per transition over a stream of real games (random actions through
+    the shipped config's ``atari`` chain and n-step builder).
+    """
+    from zmqrl.bookkeeping import make_replay_from
+
+    path = c.configs(ATARI_CONFIG)[0]
+    cfg = load_config(path, f"replay.capacity={ATARI_CAPACITY}", "env.num_envs=8")
+    replay = make_replay_from(cfg)
+    stream = transition_pool(cfg, 4096)
+    for i in range(0, len(stream["reward"]), 64):
+        replay.add({k: v[i:i + 64] for k, v in stream.items()})
+    fixed = (replay.nbytes - replay.frames_nbytes) / replay.capacity  # ring + priorities, per slot
+    per_item = fixed + replay.frames_nbytes / len(replay)
+    stacks = stream["obs"][0].nbytes + stream["next_obs"][0].nbytes
+    return make_row("replay_bytes_atari", per_item, stacks, "bytes/transition",
+                    f"{path.name} ({cfg.env.id}, {cfg.env.frame_stack}x84x84 uint8, {cfg.agent.n_step}-step) at "
+                    f"capacity {ATARI_CAPACITY:,}: {fixed:.0f} B per slot + {per_item - fixed:.0f} B of frames per "
+                    f"transition; a full replay is about {per_item * ATARI_CAPACITY / 2**30:.1f} GiB; "
+                    "baseline = obs + next_obs stacks", ("<=", 0.35))

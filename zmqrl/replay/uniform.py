@@ -105,6 +105,11 @@ class UniformReplay:
         return ring + (self._pool.nbytes if self._pool is not None else 0)
 
     @property
+    def frames_nbytes(self) -> int:
+        """Bytes of the frame pool alone (0 without one): what grows with the distinct frames held."""
+        return self._pool.nbytes if self._pool is not None else 0
+
+    @property
     def frame_keys(self) -> tuple[str, ...]:
         """Keys whose frames are stored once in the frame pool (empty when none are)."""
         return tuple(self._frame_refs)
