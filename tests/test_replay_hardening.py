@@ -195,7 +195,7 @@ def test_huge_priority_is_clamped_and_sampling_stays_proportional() -> None:
     buf = PrioritizedReplay(6, alpha=1.0, eps=0.0, seed=11, schema=SPEC)
     assert buf.leaf_cap == PRIORITY_CAP
     buf.add(transitions(0, 4), priorities=np.array([1e100, 5e5, 2.5e5, -1e300]))
-    assert buf.priorities_clamped == 2 and buf.priorities_rejected == 0
+    assert buf.priorities_clamped == 2 and buf.priorities_rejected == 0 and buf.priorities_negative == 1
     assert buf.max_priority == PRIORITY_CAP  # not 1e100: later inserts are not poisoned
     buf.add(transitions(4, 2))  # new items get the (capped) max priority
     buf.update_priorities(np.array([1, 2]), np.array([np.nan, np.inf]))  # skipped, counted
@@ -455,3 +455,12 @@ def test_every_single_byte_flip_is_refused_or_harmless(tmp_path: Path, prioritiz
             continue
         assert_same(contents(buf), expected)
     assert refused > 0.7 * len(positions)  # most bytes matter, and a flip there is caught
+
+
+def test_negative_priorities_count_by_magnitude_and_are_counted() -> None:
+    buf = PrioritizedReplay(4, alpha=1.0, eps=0.0, seed=3, schema=SPEC)
+    buf.add(transitions(0, 4), priorities=np.array([-3.0, 1.0, -2.0, 2.0]))
+    assert buf.priorities_negative == 2 and buf.priorities_rejected == 0 and buf.priorities_clamped == 0
+    assert np.allclose(buf.tree.get(np.arange(4)), [3.0, 1.0, 2.0, 2.0])  # stored as |p|
+    buf.update_priorities(np.array([1]), np.array([-4.0]))
+    assert buf.priorities_negative == 3 and np.isclose(buf.tree.get(np.array([1]))[0], 4.0)

@@ -24,8 +24,8 @@ class PrioritizedReplay(UniformReplay):
     stored priority), so they lie in ``(0, 1]``; ``beta`` anneals linearly from ``beta0`` to 1
     over ``beta_steps`` calls to ``sample``.
 
-    Priority policy, so that no batch and no TD error can break sampling: the sign of a
-    priority is ignored; magnitudes above ``priority_cap`` are clamped to it (counted in
+    Priority policy, so that no batch and no TD error can break sampling: a negative priority
+    is taken by its magnitude (counted in ``priorities_negative``); magnitudes above ``priority_cap`` are clamped to it (counted in
     ``priorities_clamped``), so the sum tree's leaves and total stay finite and exact; NaN and
     inf are refused (counted in ``priorities_rejected``): ``add`` raises ``ValueError`` and
     stores none of the batch, while ``update_priorities`` skips those entries, whose items
@@ -74,6 +74,7 @@ class PrioritizedReplay(UniformReplay):
         self._sample_calls = 0
         self.priorities_rejected = 0  # NaN/inf priorities refused by add (with their batch) or update_priorities
         self.priorities_clamped = 0  # priorities whose magnitude was clamped to priority_cap
+        self.priorities_negative = 0  # negative priorities, stored by their magnitude
 
     @property
     def tree(self) -> SumTree:
@@ -120,6 +121,9 @@ class PrioritizedReplay(UniformReplay):
 
     def _to_leaf(self, priorities: np.ndarray) -> np.ndarray:
         """Map finite raw priorities to stored ones (clamped) and update the running max."""
+        negative = int(np.count_nonzero(priorities < 0))
+        if negative:
+            self.priorities_negative += negative
         magnitude = np.abs(priorities)
         over = magnitude > self.priority_cap
         if over.any():

@@ -408,7 +408,7 @@ class Learner:
 
 def replay_priority_counts(replay: Any) -> dict[str, int]:
     """Priorities replay rejected or clamped (non-finite, negative, absurdly large), where it counts them."""
-    return {k: int(getattr(replay, f"priorities_{k}")) for k in ("rejected", "clamped")
+    return {k: int(getattr(replay, f"priorities_{k}")) for k in ("rejected", "clamped", "negative")
             if hasattr(replay, f"priorities_{k}")}
 
 
