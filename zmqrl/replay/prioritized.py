@@ -25,8 +25,9 @@ class PrioritizedReplay(UniformReplay):
     over ``beta_steps`` calls to ``sample``.
 
     Priority policy, so that no batch and no TD error can break sampling: a negative priority
-    is taken by its magnitude (counted in ``priorities_negative``); magnitudes above ``priority_cap`` are clamped to it (counted in
-    ``priorities_clamped``), so the sum tree's leaves and total stay finite and exact; NaN and
+    is taken by its magnitude (counted in ``priorities_negative``); magnitudes above
+    ``priority_cap`` are clamped to it (counted in ``priorities_clamped``), so the sum tree's
+    leaves and total stay finite and exact; NaN and
     inf are refused (counted in ``priorities_rejected``): ``add`` raises ``ValueError`` and
     stores none of the batch, while ``update_priorities`` skips those entries, whose items
     keep the priority they had. If every stored priority is zero (possible with ``eps=0``),
