@@ -297,7 +297,7 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     assert code == 0 and not errors, errors
     by_name = {r["name"]: r for r in rows}
     expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari", "actor_cartpole_dqn",
-                "actor_pendulum_sac", "actor_pong_dqn",
+                "actor_pendulum_sac", "actor_pong_dqn", "cnn_learner_b32_cpu",
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
                 "transport_atari_64_direct", "learner_opt_steps", "broadcast_1mb", "broadcast_10mb", "startup_s",
                 "scaling_1_actors", "scaling_halfcheetah_sac_local_vs_bare", "solve_cartpole_dqn_local_vs_train",
@@ -306,6 +306,9 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     for row in rows:
         check_schema(row)
         check_verdict(row)
+        if row["note"] == "skipped: no CUDA device here":  # the CUDA rows, on a machine without one
+            assert row["name"].endswith("_cuda_pinned") and row["met"] is None, row
+            continue
         assert positive_finite(row["ratio"]), row
         assert positive_finite(row["measured"]) and positive_finite(row["baseline"]), row
     for kind in ("cartpole_1024", "atari_64"):  # judged against the relay; the direct ratio only reported

@@ -18,9 +18,10 @@ import torch
 class BatchStager:
     """Turns a dict of numpy arrays into tensors on ``device``."""
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, pinned: bool = True) -> None:
         self.device = torch.device(device)
-        self.pinned = self.device.type == "cuda"
+        self.cuda = self.device.type == "cuda"
+        self.pinned = self.cuda and pinned  # pinned=False: plain blocking copies (the bench's baseline)
         self._buffers: list[dict[str, torch.Tensor]] = [{}, {}]
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
@@ -28,7 +29,8 @@ class BatchStager:
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Tensors on the device for every array of ``batch`` (same shapes and dtypes)."""
         if not self.pinned:
-            return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+            out = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+            return {k: t.to(self.device) for k, t in out.items()} if self.cuda else out
         turn = self._turn
         self._turn ^= 1
         event = self._events[turn]
