@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 ALGORITHMS: dict[str, str] = {  # agent.algo -> the module that defines ALGORITHM
     "dqn": "zmqrl.agents.dqn",
     "sac": "zmqrl.agents.sac",
+    "iqn": "zmqrl.agents.iqn",
 }
 
 
