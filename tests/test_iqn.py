@@ -400,6 +400,35 @@ def test_load_params_wrong_shape_names_the_parameter() -> None:
         policy.load_params(params)
 
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_update_on_cuda_matches_cpu_for_the_same_fractions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same fractions give the same step on either device (each draws its own on the device, so
+    both take them from one CPU generator here); the CUDA fraction generator survives a round trip."""
+    cpu = IQNAgent(agent_cfg(), OBS_SPACE, ACT_SPACE, "cpu", seed=3)
+    gpu = IQNAgent(agent_cfg(), OBS_SPACE, ACT_SPACE, "cuda", seed=3)
+    gpu.q.load_state_dict(cpu.q.state_dict())
+    gpu.target.load_state_dict(cpu.target.state_dict())
+    for agent in (cpu, gpu):
+        gen = torch.Generator().manual_seed(9)
+        monkeypatch.setattr(agent, "_draw", lambda rows, k, gen=gen, agent=agent:
+                            torch.rand(rows, k, generator=gen).to(agent.device))
+    for i in range(5):
+        batch = make_batch(32, seed=80 + i, weights=True)
+        m_cpu, p_cpu = cpu.update(batch)
+        m_gpu, p_gpu = gpu.update(batch)
+        np.testing.assert_allclose(p_gpu, p_cpu, rtol=1e-4, atol=1e-5)
+        assert m_gpu["loss"] == pytest.approx(m_cpu["loss"], rel=1e-4, abs=1e-6)
+    a = IQNAgent(agent_cfg(), OBS_SPACE, ACT_SPACE, "cuda", seed=4)
+    a.update(make_batch(32, seed=90))
+    b = IQNAgent(agent_cfg(), OBS_SPACE, ACT_SPACE, "cuda", seed=5)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    batch = make_batch(32, seed=91)
+    np.testing.assert_allclose(a.update(batch)[1], b.update(batch)[1], rtol=1e-6)  # the same fractions drawn
+
+
 # ---------------------------------------------------------------- config and seam
 
 

@@ -84,7 +84,7 @@ class IQNPolicy:
     @torch.no_grad()
     def q_values(self, obs: np.ndarray, taus: np.ndarray | None = None) -> np.ndarray:
         """Q: the mean of the quantiles at ``taus`` (default: the greedy midpoints), shape (n, A)."""
-        return self.q(self._tensor(obs), self._taus(taus, len(obs))).mean(dim=1).cpu().numpy()  # type: ignore
+        return self.q(self._tensor(obs), self._taus(taus, len(obs))).mean(dim=1).cpu().numpy()  # type: ignore[no-any-return]
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions: argmax of Q over the ``K`` midpoint fractions."""
