@@ -1,4 +1,4 @@
-"""The CNN agents learn from pixels: zmqrl/Catch-v0 (84x84 uint8 frames, the Atari image path from
+"""The CNN agents (DQN and IQN) learn from pixels: zmqrl/Catch-v0 (84x84 uint8 frames, the Atari image path from
 the env through the wire and replay into the Nature CNN) in ``zmqrl local`` and ``zmqrl train``.
 
 A random policy scores about -0.7; the configs stop at a greedy mean of 0.8 over 10 episodes
@@ -14,7 +14,7 @@ import pytest
 
 from procs import REPO, Procs, log_tail, read_json, zmqrl_argv
 
-CATCH_CONFIGS = [str(REPO / "configs" / "catch_dqn.yaml")]
+CATCH_CONFIGS = [str(REPO / "configs" / f"catch_{algo}.yaml") for algo in ("dqn", "iqn")]
 
 
 def _run(tmp_path: Path, procs: Procs, config: str, role_args: list[str], seed: int) -> dict:
