@@ -132,6 +132,31 @@ class Algorithm:
                 "discount": (np.dtype(np.float32), ())}
 
 
+def check_discrete_spaces(cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                          network: str) -> None:
+    """What a Q-learning algorithm over ``network`` (mlp or nature_cnn) needs: Discrete actions,
+    Box observations, (C, H, W) frames for the CNN; ConfigError naming the key otherwise."""
+    algo = cfg.agent.algo
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ConfigError(f"env.id: {cfg.env.id!r} has action space {action_space}; agent.algo={algo} needs a "
+                          "Discrete one (for continuous actions: agent.algo=sac, as in configs/pendulum_sac.yaml)")
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ConfigError(f"env.id: {cfg.env.id!r} has observation space {obs_space}; a Box is needed")
+    shape = obs_space.shape or ()
+    if network == "nature_cnn" and len(shape) != 3:
+        raise ConfigError(f"agent.network: nature_cnn needs (C, H, W) observations; {cfg.env.id!r} gives "
+                          f"shape {shape}")
+
+
+def epsilon_exploration(cfg: Config, actor_index: int | None) -> Exploration:
+    """ε-greedy: in ``zmqrl train`` (``actor_index`` None) a linear decay over the agent section's
+    ``eps_start``, ``eps_end`` and ``eps_decay_steps``; Ape-X's fixed ε per actor index otherwise."""
+    if actor_index is None:
+        ac: Any = cfg.agent
+        return linear("epsilon", ac.eps_start, ac.eps_end, ac.eps_decay_steps)
+    return constant("epsilon", apex_epsilon(cfg.actor.eps, cfg.actor.eps_alpha, actor_index, cfg.actor.num_actors))
+
+
 def epsilon_greedy(greedy_actions: np.ndarray, epsilon: float | np.ndarray, rng: np.random.Generator,
                    num_actions: int) -> np.ndarray:
     """Replace each greedy action by a uniform random one with probability ``epsilon`` (scalar or per row)."""

@@ -37,3 +37,20 @@ def load_module_params(module: nn.Module, params: Mapping[str, np.ndarray], pref
     mine = {k: v for k, v in params.items() if k.startswith(prefix)} if prefix else dict(params)
     check_params(mine, own)
     module.load_state_dict({k[len(prefix):]: torch.from_numpy(np.array(v, copy=True)) for k, v in mine.items()})
+
+
+def clip_gradients(module: nn.Module, max_norm: float) -> torch.Tensor:
+    """The global norm of ``module``'s gradients, clipped to ``max_norm`` first (0 disables clipping)."""
+    if max_norm > 0:
+        return nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    return torch.norm(torch.stack([p.grad.norm() for p in module.parameters() if p.grad is not None]))
+
+
+@torch.no_grad()
+def update_target(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Hard copy (``tau`` >= 1) or Polyak average of ``source`` into ``target``."""
+    for t, s in zip(target.parameters(), source.parameters(), strict=True):
+        if tau >= 1.0:
+            t.copy_(s)
+        else:
+            t.lerp_(s, tau)

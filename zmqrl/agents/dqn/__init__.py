@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.agents.base import Algorithm, Exploration, apex_epsilon, constant, linear, resolve_backend
+from zmqrl.agents.base import Algorithm, Exploration, check_discrete_spaces, epsilon_exploration, resolve_backend
 from zmqrl.agents.dqn.config import DQNConfig
 from zmqrl.agents.numpy_mlp import torch_default_init
-from zmqrl.config import Config, ConfigError
+from zmqrl.config import Config
 
 if TYPE_CHECKING:
     from zmqrl.core import Agent, Params, Policy
@@ -29,15 +29,7 @@ class DQN(Algorithm):
     config_class = DQNConfig
 
     def check_spaces(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space) -> None:
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(f"env.id: {cfg.env.id!r} has action space {action_space}; agent.algo=dqn needs a "
-                              "Discrete one (for continuous actions: agent.algo=sac, as in configs/pendulum_sac.yaml)")
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise ConfigError(f"env.id: {cfg.env.id!r} has observation space {obs_space}; a Box is needed")
-        shape = obs_space.shape or ()
-        if _cfg(cfg).network == "nature_cnn" and len(shape) != 3:
-            raise ConfigError(f"agent.network: nature_cnn needs (C, H, W) observations; {cfg.env.id!r} gives "
-                              f"shape {shape}")
+        check_discrete_spaces(cfg, obs_space, action_space, _cfg(cfg).network)
 
     def make_policy(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                     seed: int = 0, backend: str = "auto", device: str = "cpu") -> Policy:
@@ -56,11 +48,7 @@ class DQN(Algorithm):
 
     def exploration(self, cfg: Config, actor_index: int | None) -> Exploration:
         """ε-greedy: a linear decay in ``zmqrl train``; Ape-X's fixed ε per actor index otherwise."""
-        if actor_index is None:
-            ac = _cfg(cfg)
-            return linear("epsilon", ac.eps_start, ac.eps_end, ac.eps_decay_steps)
-        return constant("epsilon", apex_epsilon(cfg.actor.eps, cfg.actor.eps_alpha, actor_index,
-                                                cfg.actor.num_actors))
+        return epsilon_exploration(cfg, actor_index)
 
     def make_agent(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                    device: Any = "cpu", seed: int = 0) -> Agent:

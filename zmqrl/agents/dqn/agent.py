@@ -23,7 +23,7 @@ from zmqrl.agents.base import epsilon_greedy
 from zmqrl.agents.dqn.config import DQNConfig
 from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.staging import BatchStager
-from zmqrl.agents.torch_util import load_module_params, module_params
+from zmqrl.agents.torch_util import clip_gradients, load_module_params, module_params, update_target
 from zmqrl.config import ConfigError
 
 
@@ -128,10 +128,7 @@ class DQNAgent(DQNPolicy):
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.cfg.max_grad_norm > 0:
-            grad_norm = nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm)
-        else:
-            grad_norm = torch.norm(torch.stack([p.grad.norm() for p in self.q.parameters() if p.grad is not None]))
+        grad_norm = clip_gradients(self.q, self.cfg.max_grad_norm)
         self.optimizer.step()
         self.opt_steps += 1
         if self.opt_steps % self.cfg.target_update_interval == 0:
@@ -147,15 +144,9 @@ class DQNAgent(DQNPolicy):
         self.load_params(params)
         self.target.load_state_dict(self.q.state_dict())
 
-    @torch.no_grad()
     def update_target(self) -> None:
         """Hard copy (tau = 1) or Polyak average into the target network."""
-        tau = self.cfg.tau
-        for t, s in zip(self.target.parameters(), self.q.parameters(), strict=True):
-            if tau >= 1.0:
-                t.copy_(s)
-            else:
-                t.lerp_(s, tau)
+        update_target(self.target, self.q, self.cfg.tau)
 
     def state_dict(self) -> dict[str, Any]:
         """Networks, optimiser, counters and the exploration RNG, for resuming."""

@@ -25,14 +25,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from zmqrl.agents.base import epsilon_greedy
 from zmqrl.agents.iqn.config import IQNConfig
 from zmqrl.agents.iqn.networks import IQNNetwork, mlp_iqn, nature_cnn_iqn
 from zmqrl.agents.iqn.numpy_policy import draw_taus, midpoint_taus
 from zmqrl.agents.staging import BatchStager
-from zmqrl.agents.torch_util import load_module_params, module_params
+from zmqrl.agents.torch_util import clip_gradients, load_module_params, module_params, update_target
 from zmqrl.config import ConfigError
 
 
@@ -178,10 +177,7 @@ class IQNAgent(IQNPolicy):
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.max_grad_norm > 0:
-            grad_norm = nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
-        else:
-            grad_norm = torch.norm(torch.stack([p.grad.norm() for p in self.q.parameters() if p.grad is not None]))
+        grad_norm = clip_gradients(self.q, cfg.max_grad_norm)
         self.optimizer.step()
         self.opt_steps += 1
         if self.opt_steps % cfg.target_update_interval == 0:
@@ -200,15 +196,9 @@ class IQNAgent(IQNPolicy):
         self.load_params(params)
         self.target.load_state_dict(self.q.state_dict())
 
-    @torch.no_grad()
     def update_target(self) -> None:
         """Hard copy (tau = 1) or Polyak average into the target network."""
-        tau = self.cfg.tau
-        for t, s in zip(self.target.parameters(), self.q.parameters(), strict=True):
-            if tau >= 1.0:
-                t.copy_(s)
-            else:
-                t.lerp_(s, tau)
+        update_target(self.target, self.q, self.cfg.tau)
 
     def state_dict(self) -> dict[str, Any]:
         """Networks, optimiser, counters, the exploration RNG and the fraction generator, for resuming."""
