@@ -28,7 +28,7 @@ from procs import REPO, Proc, Procs, log_tail, pid_alive, pids_with_arg, read_js
 from zmqrl import checkpoint
 from zmqrl.config import dump, load
 from zmqrl.roles.common import free_port
-from zmqrl.roles.supervise import Role, RoleSpec, Supervisor
+from zmqrl.roles.supervise import Role, RoleSpec, StopSignals, Supervisor
 
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 FAST = ["run.seed=7", "trainer.stop_return=null", "trainer.warmup=300", "trainer.eval_interval=100000",
@@ -95,7 +95,9 @@ def local_script(procs: Procs, run_dir: Path, *args: str, overrides: list[str], 
 @pytest.mark.timeout(420)
 def test_local_restarts_killed_roles_and_resumes(tmp_path: Path, procs: Procs) -> None:
     run_dir = tmp_path / "run"
-    max_opts = 1500
+    # Long enough that the learner is still training when it is killed, after about 10 s of killing
+    # and restarting the others (1,500 was reached first once, on a quieter machine).
+    max_opts = 8000
     local = local_script(procs, run_dir, "--no-evaluator", overrides=[*FAST, f"trainer.max_opts={max_opts}"])
 
     # actor-0 acts and its batches reach the learner: note its incarnation, then kill it.
@@ -263,6 +265,23 @@ def test_learner_resumes_only_from_this_runs_checkpoint(tmp_path: Path) -> None:
     assert supervisor("s3", resume=True).learner_resumes(), "--resume takes the checkpoint that is there"
     save(20)  # this run's learner saved
     assert older.learner_resumes() and older._argv(learner)[-1] == "--resume"
+
+
+def test_a_role_that_exits_before_the_stop_is_recorded_as_stopped(tmp_path: Path) -> None:
+    """Inside a Slurm step every role gets the scheduler's TERM too, and may exit before the launcher
+    looks again: its exit must still be recorded (it once stayed "running" in the status file)."""
+    quick = RoleSpec("actor-0", "actor", [sys.executable, "-c", "pass"])
+    slow = RoleSpec("actor-1", "actor", [sys.executable, "-c", "import time; time.sleep(60)"])
+    sup = Supervisor("host-x", "host", tmp_path / "run", lambda attempt: [quick, slow], anchor="actors")
+    sup._launch(sup.plan(1), first=True)
+    sup.roles["actor-0"].proc.wait(timeout=60)  # type: ignore[union-attr]
+    assert sup.roles["actor-0"].state == "running"  # exited, not yet looked at
+    with StopSignals() as stop:
+        sup._stop_all(stop, external=False)
+    sup.write_status()
+    roles = supervisor_file(tmp_path / "run", "host-x")["roles"]
+    assert roles["actor-0"]["state"] == "stopped" and roles["actor-0"]["last_exit"] == 0, roles["actor-0"]
+    assert roles["actor-1"]["state"] == "failed" and roles["actor-1"]["last_exit"] == -signal.SIGTERM, roles
 
 
 # --------------------------------------------------------------------------------------------------

@@ -465,6 +465,8 @@ class Supervisor:
         for role in self.roles.values():
             if role.state in ("waiting", "pending"):
                 role.state = "stopped"
+            elif role.state == "running" and role.proc is not None and not role.alive():
+                self._stopped(role)  # exited since the last look (in a Slurm step: the scheduler's signal)
         live = [r for r in self.roles.values() if r.alive()]
         if not live:
             return
@@ -490,10 +492,15 @@ class Supervisor:
                 log.warning("%s: %s did not stop within %.0fs; killing it", self.name, role.name, self.grace_s)
                 role.proc.kill()  # type: ignore[union-attr]
         for role in live:
-            role.proc.wait()  # type: ignore[union-attr]
-            role.last_exit = role.proc.returncode  # type: ignore[union-attr]
-            role.state = "stopped" if role.last_exit == 0 else "killed" if role.last_exit == -9 else "failed"
-            role.close_log()
+            self._stopped(role)
+
+    @staticmethod
+    def _stopped(role: Role) -> None:
+        """Record how a role that was told to stop (or was stopping anyway) ended."""
+        role.proc.wait()  # type: ignore[union-attr]
+        role.last_exit = role.proc.returncode  # type: ignore[union-attr]
+        role.state = "stopped" if role.last_exit == 0 else "killed" if role.last_exit == -9 else "failed"
+        role.close_log()
 
     def _wait(self, roles: Iterable[Role], deadline: float, stop: StopSignals, escalated: int,
               live: list[Role]) -> int:
