@@ -5,11 +5,6 @@ transition that often on average (it would overfit a small replay); ``trainer.mi
 asks actors to pause when data comes in faster than the learner uses it (on a shared CPU the
 learner then gets the cores). Its counters are part of the learner's checkpoint, so a resumed
 learner continues the same ratio instead of starting over at zero inserts.
-
-Both bounds count the transitions inserted since replay was warm (``trainer.warmup``), as
-Reverb's ``SampleToInsertRatio`` counts from its minimum size: counted from zero, a warm-up of
-20k Atari transitions at 8 samples per insert kept actors paused for the learner's first 5,000
-updates (minutes on a CPU) before any new data was let in.
 """
 
 from __future__ import annotations
@@ -25,22 +20,16 @@ class SamplesPerInsert:
     def __init__(self, tc: TrainerConfig, batch_size: int) -> None:
         self.min_ratio, self.max_ratio = tc.min_samples_per_insert, tc.max_samples_per_insert
         self.batch_size = batch_size
-        self.warmup = tc.warmup
         self.inserted = 0  # transitions inserted over the whole run, resumes included
         self.paused = False  # actors asked to pause
         self.pauses = 0
 
     def ratio(self, opt_steps: int) -> float:
-        """Samples per transition over the whole run (what the summary reports)."""
         return opt_steps * self.batch_size / max(self.inserted, 1)
-
-    def warm_ratio(self, opt_steps: int) -> float:
-        """Samples per transition inserted since replay was warm: what the bounds apply to."""
-        return opt_steps * self.batch_size / max(self.inserted - self.warmup, 1)
 
     def throttled(self, opt_steps: int) -> bool:
         """Whether the learner should wait for data before its next optimisation step."""
-        return self.max_ratio > 0 and self.warm_ratio(opt_steps) > self.max_ratio
+        return self.max_ratio > 0 and self.ratio(opt_steps) > self.max_ratio
 
     def update_pause(self, opt_steps: int, warm: bool) -> bool:
         """Decide whether actors should pause now; True when that changed (tell them at once).
@@ -48,7 +37,7 @@ class SamplesPerInsert:
         Warm but the agent still loading also counts (0 samples per insert): actors need not fill
         replay with data nobody trains on, and their CPU is better spent loading torch.
         """
-        pause = warm and self.min_ratio > 0 and self.warm_ratio(opt_steps) < self.min_ratio
+        pause = warm and self.min_ratio > 0 and self.ratio(opt_steps) < self.min_ratio
         if pause == self.paused:
             return False
         self.paused = pause
