@@ -111,7 +111,7 @@ def make_env(cfg: EnvConfig, training: bool = True) -> gym.Env:
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: cannot make {cfg.id!r}: {exc}") from None
     for name in cfg.wrappers:
-        wrapper = EVAL_WRAPPERS.get(name, _resolve_wrapper(name)) if not training else _resolve_wrapper(name)
+        wrapper = EVAL_WRAPPERS[name] if not training and name in EVAL_WRAPPERS else _resolve_wrapper(name)
         if wrapper is not None:
             env = wrapper(env, cfg)
     return env
