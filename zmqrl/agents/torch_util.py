@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,3 +55,58 @@ def update_target(target: nn.Module, source: nn.Module, tau: float) -> None:
             t.copy_(s)
         else:
             t.lerp_(s, tau)
+
+
+def _skip_compiler_wrappers(*owners: object) -> None:
+    """Let ``torch._disable_dynamo``-wrapped functions of ``owners`` call through without importing
+    ``torch._dynamo`` (about 1.1 s of CPU on first use, on the path to a learner's first update).
+
+    Such a wrapper imports the compiler on its first call to build a "run without compiling"
+    version of the function; zmqrl never compiles, so the function itself is that version. A torch
+    whose wrappers look different is left as it is (correct, only slower to start).
+    """
+    import torch._compile as compile_mod
+
+    marker_code = compile_mod._disable_dynamo(lambda: None).__code__
+
+    def skip(fn: Any) -> None:
+        inner = getattr(fn, "__wrapped__", None)
+        if getattr(fn, "__code__", None) is marker_code and inner is not None:
+            inner.__dynamo_disable = inner  # what the wrapper caches after its first call
+
+    for owner in owners:
+        for name in dir(owner):
+            fn = getattr(owner, name, None)
+            skip(fn)
+            for cell in getattr(fn, "__closure__", None) or ():  # wrappers of wrappers (the functional adam)
+                try:
+                    skip(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    pass
+
+
+class Adam(torch.optim.Adam):
+    """``torch.optim.Adam`` with the same update and state, whose ``step`` does not import the compiler.
+
+    The stock ``step`` imports ``torch._dynamo`` on every call (a no-op after the first, but the
+    first costs about 1.1 s of CPU) only to mark graph breaks for ``torch.compile``. This ``step``
+    runs the same update under ``no_grad``; state dicts and checkpoints are those of the stock class.
+    """
+
+    _ready = False
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        if not Adam._ready:
+            import torch.optim.adam as adam_mod
+            import torch.optim.optimizer as optimizer_mod
+
+            _skip_compiler_wrappers(optimizer_mod.Optimizer, torch.optim.Adam, adam_mod)
+            Adam._ready = True
+        super().__init__(params, **kwargs)
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        raw = getattr(torch.optim.Adam.step, "__wrapped__", None)
+        if raw is None or self.defaults.get("differentiable"):
+            return super().step(closure)
+        with torch.no_grad():
+            return raw(self, closure)

@@ -23,7 +23,7 @@ from zmqrl.agents.base import epsilon_greedy
 from zmqrl.agents.dqn.config import DQNConfig
 from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.staging import BatchStager
-from zmqrl.agents.torch_util import clip_gradients, load_module_params, module_params, update_target
+from zmqrl.agents.torch_util import Adam, clip_gradients, load_module_params, module_params, update_target
 from zmqrl.config import ConfigError
 
 
@@ -88,7 +88,7 @@ class DQNAgent(DQNPolicy):
         self.target = build_q_network(cfg, obs_space, self.num_actions).to(self.device)
         self.target.load_state_dict(self.q.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.opt_steps = 0
         self._stage = BatchStager(self.device)
 

@@ -31,7 +31,7 @@ from zmqrl.agents.iqn.config import IQNConfig
 from zmqrl.agents.iqn.networks import IQNNetwork, mlp_iqn, nature_cnn_iqn
 from zmqrl.agents.iqn.numpy_policy import draw_taus, midpoint_taus
 from zmqrl.agents.staging import BatchStager
-from zmqrl.agents.torch_util import clip_gradients, load_module_params, module_params, update_target
+from zmqrl.agents.torch_util import Adam, clip_gradients, load_module_params, module_params, update_target
 from zmqrl.config import ConfigError
 
 
@@ -132,7 +132,7 @@ class IQNAgent(IQNPolicy):
         self.target = build_iqn_network(cfg, obs_space, self.num_actions).to(self.device)
         self.target.load_state_dict(self.q.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.opt_steps = 0
         self.tau_rng = torch.Generator(device=self.device)
         self.tau_rng.manual_seed(seed)

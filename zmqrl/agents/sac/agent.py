@@ -28,7 +28,7 @@ from zmqrl.agents.sac.config import SACConfig
 from zmqrl.agents.sac.networks import Actor, Critics
 from zmqrl.agents.sac.numpy_policy import ActionBounds, explore_actions
 from zmqrl.agents.staging import BatchStager
-from zmqrl.agents.torch_util import load_module_params, module_params
+from zmqrl.agents.torch_util import Adam, load_module_params, module_params
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
@@ -99,10 +99,10 @@ class SACAgent(SACPolicy):
         super().__init__(cfg, obs_space, action_space, device, seed)
         self.critics = Critics(self.obs_dim, self.act_dim, cfg.hidden, cfg.n_critics).to(self.device)
         self.targets = copy.deepcopy(self.critics).requires_grad_(False)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, eps=cfg.adam_eps)
-        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=cfg.critic_lr, eps=cfg.adam_eps)
+        self.actor_optimizer = Adam(self.actor.parameters(), lr=cfg.actor_lr, eps=cfg.adam_eps)
+        self.critic_optimizer = Adam(self.critics.parameters(), lr=cfg.critic_lr, eps=cfg.adam_eps)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=self.device, requires_grad=cfg.auto_alpha)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr, eps=cfg.adam_eps) \
+        self.alpha_optimizer = Adam([self.log_alpha], lr=cfg.alpha_lr, eps=cfg.adam_eps) \
             if cfg.auto_alpha else None
         self.target_entropy = float(-self.act_dim if cfg.target_entropy is None else cfg.target_entropy)
         self.noise = torch.Generator(device=self.device)  # the update's own draws, saved for exact resumes
