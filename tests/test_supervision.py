@@ -28,7 +28,7 @@ from procs import REPO, Proc, Procs, log_tail, pid_alive, pids_with_arg, read_js
 from zmqrl import checkpoint
 from zmqrl.config import dump, load
 from zmqrl.roles.common import free_port
-from zmqrl.roles.supervise import Role, RoleSpec, StopSignals, Supervisor
+from zmqrl.roles.supervise import START_AFTER_MAX_S, Role, RoleSpec, StopSignals, Supervisor
 
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 FAST = ["run.seed=7", "trainer.stop_return=null", "trainer.warmup=300", "trainer.eval_interval=100000",
@@ -282,6 +282,46 @@ def test_a_role_that_exits_before_the_stop_is_recorded_as_stopped(tmp_path: Path
     roles = supervisor_file(tmp_path / "run", "host-x")["roles"]
     assert roles["actor-0"]["state"] == "stopped" and roles["actor-0"]["last_exit"] == 0, roles["actor-0"]
     assert roles["actor-1"]["state"] == "failed" and roles["actor-1"]["last_exit"] == -signal.SIGTERM, roles
+
+
+def test_a_role_with_start_after_waits_for_its_file(tmp_path: Path) -> None:
+    """The evaluator waits for the learner's first update: a role with ``start_after`` starts only
+    once this launch has written that file (an older copy does not count), others at once."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    marker = run_dir / "first_update.json"
+    marker.write_text("{}")
+    os.utime(marker, (time.time() - 3600, time.time() - 3600))  # left by an earlier run
+    now = RoleSpec("actor-0", "actor", [sys.executable, "-c", "import time; time.sleep(60)"])
+    later = RoleSpec("evaluator", "evaluator", [sys.executable, "-c", "import time; time.sleep(60)"],
+                     start_after="first_update.json")
+    sup = Supervisor("local", "local", run_dir, lambda attempt: [now, later])
+    try:
+        sup._launch(sup.plan(1), first=True)
+        assert sup.roles["actor-0"].alive() and sup.roles["evaluator"].proc is None
+        sup._start_pending(time.monotonic())
+        assert sup.roles["evaluator"].state == "pending", "an earlier run's file started it"
+        assert supervisor_file(run_dir)["roles"]["evaluator"]["state"] == "pending"
+        marker.write_text("{}")  # this launch's learner did its first update
+        sup._start_pending(time.monotonic())
+        assert sup.roles["evaluator"].alive() and sup.roles["evaluator"].starts == 1
+        sup._start_pending(time.monotonic())
+        assert sup.roles["evaluator"].starts == 1, "started twice"
+    finally:
+        with StopSignals() as stop:
+            sup._stop_all(stop, external=False)
+    assert {r.state for r in sup.roles.values()} == {"failed"}  # both were still running: TERM ended them
+
+
+def test_a_role_waiting_too_long_for_start_after_starts_anyway(tmp_path: Path) -> None:
+    later = RoleSpec("evaluator", "evaluator", [sys.executable, "-c", "pass"], start_after="never.json")
+    sup = Supervisor("local", "local", tmp_path / "run", lambda attempt: [later])
+    sup._launch(sup.plan(1), first=True)
+    sup._start_pending(time.monotonic() + START_AFTER_MAX_S - 1)
+    assert sup.roles["evaluator"].proc is None
+    sup._start_pending(time.monotonic() + START_AFTER_MAX_S)
+    assert sup.roles["evaluator"].proc is not None
+    assert sup.roles["evaluator"].proc.wait(timeout=60) == 0
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from zmqrl.config import Config, ConfigError, load
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
+FIRST_BATCH_FILE = "first_batch.json"  # written by the learner once the first batch is in replay
+FIRST_UPDATE_FILE = "first_update.json"  # written by the learner once its first optimisation step is done
 NAMED_CHECKPOINTS = ("best", "latest")
 
 

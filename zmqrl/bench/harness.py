@@ -136,7 +136,7 @@ class Settings:
     publish_gap_s: float = 0.1  # seconds between 1 MB broadcasts (10 MB: twice that)
     scaling: tuple[int, ...] = (1, 2, 4)  # actor counts; the first is the baseline
     scaling_window_s: float = 10.0  # seconds between the learner summaries compared
-    startup_reps: int = 3
+    startup_reps: int = 5
     seeds: int = 3  # solve: seeds 0..seeds-1
     solve_budget_s: float = 330.0  # wall-clock budget of the capped ``zmqrl local``/``train`` runs of one config
     actor_rate: float = 0.0  # learner row: transitions/s per simulated actor; 0 = the group's default

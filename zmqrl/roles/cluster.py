@@ -20,6 +20,7 @@ from zmqrl.config import Config, ConfigError
 from zmqrl.roles.common import free_port
 from zmqrl.roles.local import config_args, require_resumable
 from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
+from zmqrl.rundir import FIRST_UPDATE_FILE
 
 log = logging.getLogger("zmqrl")
 
@@ -78,7 +79,7 @@ def run_head(cfg: Config, config_path: str | None, overrides: list[str], run_dir
         if evaluator:
             roles.append(RoleSpec("evaluator", "evaluator", zmqrl_command(
                 "evaluator", cfg_args, *rd, "--learner", f"tcp://{local}:{ports['model']}",
-                "--report", f"tcp://{local}:{ports['eval']}")))
+                "--report", f"tcp://{local}:{ports['eval']}"), start_after=FIRST_UPDATE_FILE))
         return roles
 
     path.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ from zmqrl.roles.ingest import Receiver, ReplayWriter
 from zmqrl.roles.peers import PeerAccounts, episodes
 from zmqrl.roles.ratelimit import SamplesPerInsert
 from zmqrl.roles.supervise import restart_counts
+from zmqrl.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE
 from zmqrl.wire import (
     BATCH,
     EVAL,
@@ -61,7 +62,6 @@ from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
-FIRST_BATCH_FILE = "first_batch.json"  # in the run directory, written once the first batch is in replay
 INGEST_INTERVAL_S = 0.05  # while training, read and insert what arrived this often (bursts amortise costs)
 T = TypeVar("T")
 
@@ -149,6 +149,7 @@ class Learner:
         self.ratelog = RateLimitedLog(log, interval=10.0)
         self._last_params: list[Any] | None = None
         self.first_batch_s: float | None = None
+        self.first_update_s: float | None = None
         if self._agent is None:
             self._builder.start()
             log.info("learner: sockets bound after %.1fs; building the agent in the background",
@@ -285,6 +286,14 @@ class Learner:
             "replay_size": len(self.replay), "agent_ready": self._agent is not None})
         log.info("learner: first batch from %s after %.2fs", sender, self.first_batch_s)
 
+    def _first_update(self) -> None:
+        """Note the first optimisation step, in the log and (atomically) in ``RUN_DIR/first_update.json``."""
+        self.first_update_s = time.monotonic() - self.started
+        write_json_atomic(self.dir / FIRST_UPDATE_FILE, {
+            "first_update_s": self.first_update_s, "time": time.time(), "opt_steps": self.book.opt_steps,
+            "replay_size": len(self.replay)})
+        log.info("learner: first optimisation step after %.2fs", self.first_update_s)
+
     def _evaluation(self, msg: Message) -> None:
         returns, lengths = episodes({"episodes": msg.meta})
         if not returns:
@@ -322,6 +331,7 @@ class Learner:
             "transitions_inserted": self.limiter.inserted, "samples_per_insert": self.samples_per_insert(),
             "bytes_received": self.receiver.bytes, "models_published": self.published,
             "rate_limiter_pauses": self.limiter.pauses, "first_batch_s": self.first_batch_s,
+            "first_update_s": self.first_update_s,
             "policy_lag": peers.pop("policy_lag"),
             "messages": {"batches_received": self.batches, "batches_lost": peers.pop("batches_lost"),
                          "batches_dropped_old": peers.pop("batches_dropped_old"),
@@ -378,6 +388,8 @@ class Learner:
             if priorities is not None:
                 self.replay.update_priorities(batch["indices"], priorities)
             self.book.opt_step(metrics, perf=self.perf)
+            if self.first_update_s is None:
+                self._first_update()
             if self.book.opt_steps % tc.sync_interval == 0:
                 self.publish(new_version=True)
         if stop.set:

@@ -20,6 +20,7 @@ from zmqrl.config import Config, ConfigError
 from zmqrl.record import print_run_table
 from zmqrl.roles.common import free_port, read_json
 from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
+from zmqrl.rundir import FIRST_UPDATE_FILE
 
 log = logging.getLogger("zmqrl")
 
@@ -47,7 +48,8 @@ def plan_roles(config_path: str | None, overrides: list[str], actors: int, run_d
               for i in range(actors)]
     if evaluator:
         roles.append(RoleSpec("evaluator", "evaluator", zmqrl_command("evaluator", cfg_args, *rd, "--learner",
-                                                                     addr["model"], "--report", addr["eval"])))
+                                                                     addr["model"], "--report", addr["eval"]),
+                              start_after=FIRST_UPDATE_FILE))  # not competing with the learner's start
     endpoints = {"learner": {"data": addr["data"], "model": addr["model"], "eval": addr["eval"]},
                  "proxy": {"bind": addr["proxy"]}, "roles": {r.name: r.argv[3:] for r in roles}}
     return roles, endpoints

@@ -59,6 +59,7 @@ BACKOFF_MAX_S = 30.0  # longest restart delay
 BACKOFF_RESET_S = 60.0  # a role that ran this long before exiting restarts after BACKOFF_BASE_S again
 FINISH_GRACE_S = 10.0  # a role that exited 0 is started again if its launcher is still running after this
 STATUS_INTERVAL_S = 2.0  # RUN_DIR/supervisor/NAME.json is rewritten at least this often
+START_AFTER_MAX_S = 30.0  # a role waiting for its start_after file starts anyway after this long
 SUPERVISOR_DIR = "supervisor"
 STAGES = ("actor", "proxy")  # stopped first, in this order; every other kind after them
 
@@ -100,6 +101,8 @@ class RoleSpec:
     name: str
     kind: str  # learner, proxy, actor or evaluator
     argv: list[str]
+    start_after: str = ""  # a file in the run directory: start once this launch has written it (or after
+    # START_AFTER_MAX_S), so the role does not compete with the others' start; "" = at once
 
 
 @dataclass
@@ -260,6 +263,8 @@ class Supervisor:
         self._progress = Progress(progress_total) if progress_total else None  # from the learner's summary.json
         self._status_due = 0.0
         self._history_limit = 50
+        self._launched = (time.time(), time.monotonic())  # this launch's start (wall, monotonic)
+        self._append_logs = resume
 
     # --- the learner's checkpoint -----------------------------------------------------------
     def _latest_signature(self) -> tuple[int, int] | None:
@@ -314,15 +319,35 @@ class Supervisor:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"role names are not unique: {names}")
+        self._launched = (time.time(), time.monotonic())
+        self._append_logs = self.resume or not first
         for spec in specs:
             role = self.roles.get(spec.name)
             if role is None:
                 role = self.roles[spec.name] = Role(spec, self.log_dir / f"{spec.name}.log")
             role.spec = spec
             role.state = "pending"
-            role.start(self._argv(role), append=self.resume or not first or role.starts > 0)
+            if not spec.start_after:
+                self._first_start(role)
         self.state = "running"
         self.write_status()
+
+    def _first_start(self, role: Role) -> None:
+        role.start(self._argv(role), append=self._append_logs or role.starts > 0)
+
+    def _start_pending(self, now: float) -> None:
+        """Start the roles of this launch that waited for their ``start_after`` file (or long enough)."""
+        launched_wall, launched = self._launched
+        for role in self.roles.values():
+            if role.state != "pending":
+                continue
+            try:
+                written = (self.dir / role.spec.start_after).stat().st_mtime >= launched_wall - 1.0
+            except OSError:
+                written = False
+            if written or now - launched >= START_AFTER_MAX_S:
+                self._first_start(role)
+                self.write_status()
 
     def _watch(self, stop: StopSignals) -> Outcome:
         """Poll the roles until the launch ends (or ``stop``); restart those that died."""
@@ -335,6 +360,7 @@ class Supervisor:
                         return outcome
             if self._done():
                 return Outcome(0, "every actor finished" if self.anchor == "actors" else "the learner finished")
+            self._start_pending(now)
             for role in self.roles.values():
                 if role.state == "waiting" and now >= role.restart_at:
                     self._restart(role)
