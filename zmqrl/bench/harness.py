@@ -140,6 +140,9 @@ class Settings:
     seeds: int = 3  # solve: seeds 0..seeds-1
     solve_budget_s: float = 330.0  # wall-clock budget of the capped ``zmqrl local``/``train`` runs of one config
     actor_rate: float = 0.0  # learner row: transitions/s per simulated actor; 0 = the group's default
+    fanin: tuple[int, ...] = (64, 256)  # fanin rows: connected senders, one learner run each
+    fanin_window_s: float = 3.0  # fanin: seconds per measured window (idle, and each offered rate)
+    fanin_refine: int = 2  # fanin: bisection steps between the last offered rate kept and the first not kept
     sb3: bool = False
     sb3_python: str = ""
     config: Path | None = None  # --config: measure with this config instead of each group's own
@@ -151,11 +154,11 @@ class Settings:
         if mode == "quick":
             base = cls(mode="quick", reps=1, actor_reps=2, actor_s=1.5, small_messages=5000, large_messages=100,
                        learner_s=4.0, settle_s=1.5, publishes=20, scaling_window_s=5.0, startup_reps=1, seeds=1,
-                       solve_budget_s=60.0)
+                       solve_budget_s=60.0, fanin_window_s=2.0, fanin_refine=1)
         elif mode == "smoke":
             base = cls(mode="smoke", reps=1, actor_reps=1, actor_s=0.5, small_messages=300, large_messages=20,
                        learner_s=1.0, settle_s=1.0, publishes=5, publish_gap_s=0.05, scaling=(1,), scaling_window_s=0.0,
-                       startup_reps=1, seeds=1, solve_budget_s=14.0)
+                       startup_reps=1, seeds=1, solve_budget_s=14.0, fanin=(8,), fanin_window_s=1.0, fanin_refine=0)
         elif mode == "full":
             base = cls()
         else:
@@ -386,6 +389,40 @@ def pids_with_arg(arg: str) -> list[int]:
                 and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of ``pid`` (``VmRSS`` in ``/proc/PID/status``); None when it is gone."""
+    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """CPU time (user + system) of process ``pid`` (all its threads), or of one of its threads; 0 when gone."""
+    if thread is not None:  # nanoseconds on a CPU, from the scheduler
+        text = read_text(f"/proc/{pid}/task/{thread}/schedstat")
+        return int(text.split()[0]) / 1e9 if text else 0.0
+    stat = read_text(f"/proc/{pid}/stat")
+    if stat is None:
+        return 0.0
+    fields = stat.rsplit(")", 1)[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def open_sockets(pid: int) -> int:
+    """Sockets ``pid`` holds open (its ``/proc/PID/fd`` entries that are sockets: listeners and connections)."""
+    count = 0
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                count += os.readlink(fd).startswith("socket:")
+            except OSError:
+                pass
+    except OSError:
+        return 0
+    return count
 
 
 def kill_pids(pids: list[int], grace_s: float = 5.0) -> None:

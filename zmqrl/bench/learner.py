@@ -53,7 +53,7 @@ FEEDERS = 4
 DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--actor-rate)
 
 
-class _Control:
+class Control:
     """The learner's requests as an actor reads them from its incarnation's models: ``pause``
     (the rate limiter) and ``done`` (the run is over)."""
 
@@ -64,6 +64,43 @@ class _Control:
         if msg.incarnation == self.tracker.incarnation or self.tracker.incarnation is None:
             self.pause = msg.meta.get("pause") is True
             self.done = self.done or bool(msg.meta.get("done"))
+
+
+def actor_meta(index: int, sent: int, n_buffer: int, version: int, model_inc: str | None, wall: float,
+               blocked_s: float = 0.0, paused_s: float = 0.0) -> dict[str, Any]:
+    """The meta an actor puts on its ``sent``-th batch: three finished episodes and its counters."""
+    stats = {"env_steps": (sent + 1) * n_buffer, "episodes": 3 * (sent + 1), "batches": sent,
+             "transitions": sent * n_buffer, "bytes_sent": 0, "blocked_s": round(blocked_s, 3),
+             "paused_s": round(paused_s, 3), "model_updates": 1, "bad_models": 0, "wall_s": round(wall, 3),
+             "env_steps_per_s": (sent + 1) * n_buffer / max(wall, 1e-9)}
+    return {"episodes": {"returns": [21.0, 17.0, 30.0], "lengths": [21, 17, 30]}, "actor": index,
+            "max_version": version, "model_inc": model_inc, "explore": 0.4, "stats": stats}
+
+
+def learner_config(path: Path, *overrides: str) -> Any:
+    """``path`` as the learner rows train it: no stop return, no opt-step cap, warnings only."""
+    return load_config(path, "trainer.stop_return=null", "trainer.max_opts=100000000", "run.log_level=warning",
+                       *overrides)
+
+
+def prefill_pool(c: Context, cfg: Any, name: str) -> tuple[dict[str, np.ndarray], Path]:
+    """Real transitions with random priorities to prefill replay (up to 20k) and send, saved for helpers."""
+    size = min(20_000, cfg.replay.capacity)
+    pool = transition_pool(cfg, size, seed=1)
+    pool["priority"] = np.random.default_rng(1).uniform(0.01, 2.0, size).astype(np.float32)
+    return pool, save_arrays(c.path(name), pool)
+
+
+def prefilled_learner(cfg: Any, run_dir: Path, pool: dict[str, np.ndarray], binds: tuple[str, str, str]) -> Any:
+    """A real :class:`~zmqrl.roles.learner.Learner` bound at ``binds`` (data, model, eval), its agent
+    built (measure training, not its startup) and its replay prefilled with ``pool``."""
+    from zmqrl.roles.learner import Learner
+
+    with contextlib.redirect_stderr(io.StringIO()):  # the progress view binds stderr here: keep it quiet
+        learner = Learner(copy.deepcopy(cfg), run_dir, *binds)
+        learner.agent_ready(block=True)
+    learner.replay.add({k: pool[k] for k in TRANSITION_KEYS}, priorities=pool["priority"])
+    return learner
 
 
 def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
@@ -80,7 +117,7 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     model_limits = limits(net, MODEL)
     sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.sub(model_limits)), connect=p["models"])
     tracker = VersionTracker()
-    control = _Control(tracker)
+    control = Control(tracker)
     inc, name, index = new_incarnation(), f"actor-{p['index']}", int(p["index"])
     sent, blocked_s, paused_s, version = 0, 0.0, 0.0, -1
     offset = (index * 997 * n_buffer) % max(size - n_buffer, 1)
@@ -109,13 +146,7 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
             next_t = max(next_t + interval, now - 1.0)  # never burst more than 1 s of backlog
             lo = (offset + sent * n_buffer) % (size - n_buffer)
             batch = {k: pool[k][lo:lo + n_buffer] for k in (*TRANSITION_KEYS, "priority")}
-            wall = now - start
-            stats = {"env_steps": (sent + 1) * n_buffer, "episodes": 3 * (sent + 1), "batches": sent,
-                     "transitions": sent * n_buffer, "bytes_sent": 0, "blocked_s": round(blocked_s, 3),
-                     "paused_s": round(paused_s, 3), "model_updates": 1, "bad_models": 0, "wall_s": round(wall, 3),
-                     "env_steps_per_s": (sent + 1) * n_buffer / max(wall, 1e-9)}
-            meta = {"episodes": {"returns": [21.0, 17.0, 30.0], "lengths": [21, 17, 30]}, "actor": index,
-                    "max_version": version, "model_inc": tracker.incarnation, "explore": 0.4, "stats": stats}
+            meta = actor_meta(index, sent, n_buffer, version, tracker.incarnation, now - start, blocked_s, paused_s)
             frames = encode(BATCH, sender=name, incarnation=inc, seq=sent, version=version, arrays=batch, meta=meta)
             t0 = time.monotonic()
             while not stop.set:
@@ -137,14 +168,8 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
 def _window(c: Context, cfg: Any, path: Path, pool: dict[str, np.ndarray], pool_path: Path, feeders: int,
             rate: float, tag: str) -> dict[str, float]:
     """Opt steps/s (and transitions/s ingested) of an in-process Learner over one measurement window."""
-    from zmqrl.roles.learner import Learner
-
     s = c.settings
-    cfg = copy.deepcopy(cfg)
-    with contextlib.redirect_stderr(io.StringIO()):  # the progress view binds stderr here: keep it quiet
-        learner = Learner(cfg, c.path(f"learner-{tag}"), free_addr(), free_addr(), free_addr())
-        learner.agent_ready(block=True)  # (built in the background): measure training, not its startup
-    learner.replay.add({k: pool[k] for k in TRANSITION_KEYS}, priorities=pool["priority"])
+    learner = prefilled_learner(cfg, c.path(f"learner-{tag}"), pool, (free_addr(), free_addr(), free_addr()))
     stop = StopFlag()
     window: dict[str, float] = {}
     abort = threading.Event()
@@ -190,11 +215,9 @@ def run(c: Context) -> list[Row]:
     s = c.settings
     torch.set_num_threads(1)
     path = c.configs(CONFIG)[0]
-    cfg = load_config(path, "trainer.stop_return=null", "trainer.max_opts=100000000", "run.log_level=warning")
-    prefill = min(20_000, cfg.replay.capacity)
-    pool = transition_pool(cfg, prefill, seed=1)
-    pool["priority"] = np.random.default_rng(1).uniform(0.01, 2.0, prefill).astype(np.float32)
-    pool_path = save_arrays(c.path("learner-pool.npz"), pool)
+    cfg = learner_config(path)
+    pool, pool_path = prefill_pool(c, cfg, "learner-pool.npz")
+    prefill = len(pool["reward"])
     rate = s.actor_rate or DEFAULT_RATE
     idle: list[float] = []
     busy: list[float] = []
