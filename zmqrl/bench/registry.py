@@ -14,6 +14,7 @@ GROUPS: dict[str, str] = {  # name -> module whose run(ctx) returns the group's 
     "actor": "zmqrl.bench.actor",
     "transport": "zmqrl.bench.transport",
     "learner": "zmqrl.bench.learner",
+    "fanin": "zmqrl.bench.fanin",
     "cnn": "zmqrl.bench.cnn",
     "broadcast": "zmqrl.bench.broadcast",
     "startup": "zmqrl.bench.startup",

@@ -1,0 +1,519 @@
+"""Fanin group: how far one learner scales with many connected senders.
+
+One real :class:`~zmqrl.roles.learner.Learner` (CartPole DQN, replay prefilled, rate limiter off)
+runs in its own process; several real ``zmqrl proxy`` processes forward to it, as a multi-host
+run has one proxy per host; N senders, spread over a few processes, each with its own PUSH
+socket to a proxy, its own SUB socket on the learner's models and its own name and incarnation,
+send pre-encoded ``actor.n_buffer``-transition batches with an actor's meta. The bench tells the
+sender processes the total rate to offer over a control socket.
+
+Per N: the learner's opt steps/s with the senders connected but silent (idle), then offered
+rates doubling from ``RATE0`` until the learner falls below ``KEEP`` x idle, then bisection
+between the last rate it kept and the first it did not. The row's figure is the most transitions/s
+the learner took in (its own ``transitions_inserted``, between two of its summaries) at an offered
+rate where it kept ``KEEP`` x idle. Its memory (VmRSS) and sockets are read from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from zmqrl.bench.harness import (
+    HOST,
+    TRANSITION_KEYS,
+    BenchError,
+    Context,
+    Proc,
+    Procs,
+    Row,
+    child_config,
+    cpu_seconds,
+    free_addr,
+    load_arrays,
+    make_row,
+    open_sockets,
+    rss_bytes,
+    zmqrl_argv,
+)
+from zmqrl.bench.learner import Control, actor_meta, learner_config, prefill_pool, prefilled_learner
+from zmqrl.bench.scaling import LIMITER_OFF
+from zmqrl.lifecycle import StopFlag
+from zmqrl.roles.common import Every, limits, options, read_json
+from zmqrl.wire import (
+    BATCH,
+    MODEL,
+    SocketOptions,
+    VersionTracker,
+    drain_latest_model,
+    encode,
+    make_socket,
+    new_incarnation,
+    send_frames,
+)
+
+CONFIG = "cartpole_dqn.yaml"
+PROXIES = 4  # zmqrl proxy processes (hosts, in a real run)
+PROCESSES = 4  # sender processes; the senders are spread over them
+GOAL_RATE = 100_000.0  # transitions/s from 64 senders (the issue's goal)
+KEEP = 0.9  # the learner must keep this share of its idle opt steps/s
+RATE0 = 25_000.0  # the first offered rate, transitions/s in all
+RATE_MAX = 400_000.0  # offered rates double up to this
+SATURATED = 0.8  # taking in less than this share of the offer: offering more gains nothing
+OVERRIDES = (LIMITER_OFF, "net.stats_interval_s=0.5")  # summaries (the figures read) twice a second
+SEQ = b'"seq":0,'  # where a pre-encoded header's sequence number goes
+
+
+# ------------------------------------------------------------------------------------- helper processes
+
+
+def learn(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
+    """Helper process: the real Learner, replay prefilled, bound at ``p``'s addresses, until stopped."""
+    cfg = learner_config(Path(p["config"]), *p["overrides"])
+    learner = prefilled_learner(cfg, Path(p["run_dir"]), load_arrays(p["pool"]), (p["data"], p["model"], p["eval"]))
+    summary = learner.run(stop)
+    return {k: summary.get(k) for k in ("opt_steps", "transitions_inserted", "wall_s")}
+
+
+class _Sender:
+    """One simulated actor: a PUSH socket to a proxy, a SUB socket on the models, a header template."""
+
+    def __init__(self, ctx: zmq.Context, p: dict[str, Any], index: int, net: Any) -> None:
+        self.index, self.name, self.inc, self.seq = index, f"fanin-{index}", new_incarnation(), 0
+        proxies = p["proxies"]
+        self.push = make_socket(ctx, zmq.PUSH, options(net, SocketOptions.push(sndhwm=int(p["sndhwm"])),
+                                                       data_path=True), connect=proxies[index % len(proxies)])
+        self.sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.sub(limits(net, MODEL))), connect=p["models"])
+        self.tracker = VersionTracker()
+        self.version = -1
+        self.prefix, self.suffix = b"", b""
+        self.arrays: list[Any] = []
+
+    def prepare(self, pool: dict[str, np.ndarray], n_buffer: int) -> None:
+        """Encode this sender's batch once (after its first model); only ``seq`` changes per message."""
+        lo = (self.index * 997 * n_buffer) % (len(pool["reward"]) - n_buffer)
+        batch = {k: pool[k][lo:lo + n_buffer] for k in (*TRANSITION_KEYS, "priority")}
+        meta = actor_meta(self.index, 0, n_buffer, self.version, self.tracker.incarnation, 1.0)
+        frames = encode(BATCH, sender=self.name, incarnation=self.inc, seq=0, version=self.version, arrays=batch,
+                        meta=meta)
+        head = bytes(frames[0])
+        if head.count(SEQ) != 1:
+            raise BenchError(f"cannot find the sequence number in header {head[:80]!r}")
+        before, after = head.split(SEQ)
+        self.prefix, self.suffix, self.arrays = before + b'"seq":', b"," + after, frames[1:]
+
+    def frames(self) -> list[Any]:
+        return [self.prefix + str(self.seq).encode() + self.suffix, *self.arrays]
+
+    def close(self) -> None:
+        self.push.close(linger=0)
+        self.sub.close(linger=0)
+
+
+def send_many(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
+    """Helper process: ``p["count"]`` senders; once each has the learner's first model, report ready and
+    send round-robin over them at ``share`` x the total rate the bench last broadcast (0: silent)."""
+    net = child_config(p).net
+    pool = load_arrays(p["pool"])
+    n_buffer, share = int(p["n_buffer"]), float(p["share"])
+    ctx = zmq.Context(io_threads=1)
+    senders = [_Sender(ctx, p, int(p["first"]) + k, net) for k in range(int(p["count"]))]
+    control_sub = ctx.socket(zmq.SUB)
+    control_sub.setsockopt(zmq.SUBSCRIBE, b"")
+    control_sub.connect(p["control"])
+    report = ctx.socket(zmq.PUSH)
+    report.connect(p["report"])
+    model_limits = limits(net, MODEL)
+    control = Control(senders[0].tracker)
+    sent = blocked = skipped = 0
+    start = time.monotonic()
+    deadline = start + float(p["timeout_s"])
+    try:
+        waiting = list(senders)
+        while waiting and not stop.set and time.monotonic() < deadline:  # no batch before the first model
+            for sender in [s for s in waiting if s.sub.poll(0, zmq.POLLIN)]:
+                msg, _ = drain_latest_model(sender.sub, sender.tracker, model_limits)
+                if msg is not None:
+                    sender.version = msg.version
+                    sender.prepare(pool, n_buffer)
+                    waiting.remove(sender)
+            if waiting:
+                waiting[0].sub.poll(20, zmq.POLLIN)
+        if waiting:
+            raise BenchError(f"{len(waiting)} of {len(senders)} senders got no model")
+        report.send_json({"ready": int(p["first"]), "after_s": time.monotonic() - start})
+        per_msg = 0.0  # seconds between messages; 0: silent
+        base_t, base_n, turn = time.monotonic(), 0, 0
+        drain = Every(0.2)
+        while not stop.set and not control.done and time.monotonic() < deadline:
+            while control_sub.poll(0, zmq.POLLIN):
+                rate = float(json.loads(control_sub.recv())["rate"]) * share
+                new = n_buffer / rate if rate > 0 else 0.0
+                if new != per_msg:
+                    per_msg, base_t, base_n = new, time.monotonic(), 0
+            if drain():  # models: the first sender reads them (``done``), the others only empty their queue
+                drain_latest_model(senders[0].sub, senders[0].tracker, model_limits, observe=control)
+                for sender in senders[1:]:
+                    while sender.sub.poll(0, zmq.POLLIN):
+                        sender.sub.recv(zmq.NOBLOCK)
+            if per_msg <= 0:
+                control_sub.poll(50, zmq.POLLIN)
+                continue
+            due = int((time.monotonic() - base_t) / per_msg) - base_n
+            cap = max(1, int(0.25 / per_msg))  # never more than 0.25 s of backlog in one burst
+            if due > cap:
+                skipped += due - cap
+                base_n += due - cap
+                due = cap
+            if due <= 0:
+                control_sub.poll(1, zmq.POLLIN)
+                continue
+            for _ in range(due):
+                for _ in range(len(senders)):  # the next sender whose queue has room
+                    sender = senders[turn]
+                    turn = (turn + 1) % len(senders)
+                    try:
+                        send_frames(sender.push, sender.frames(), flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        continue
+                    sender.seq += 1
+                    sent += 1
+                    base_n += 1
+                    break
+                else:
+                    blocked += 1  # every queue full: the proxies hold the senders back
+                    control_sub.poll(1, zmq.POLLIN)
+                    break
+    finally:
+        for sender in senders:
+            sender.close()
+        control_sub.close(linger=0)
+        report.close(linger=0)
+        ctx.term()
+    return {"senders": len(senders), "sent": sent, "transitions": sent * n_buffer, "blocked": blocked,
+            "skipped": skipped, "wall_s": time.monotonic() - start}
+
+
+# ------------------------------------------------------------------------------------- measurement
+
+
+@dataclass
+class Step:
+    """One measured window: the total rate offered and what the learner did."""
+
+    offered: float
+    opt_s: float
+    ingest_s: float
+    seconds: float
+    cpu: dict[str, float] = field(default_factory=dict)  # cores used: learner thread, learner, proxies, senders
+
+    def opt_per_cpu(self) -> float:
+        """Opt steps per CPU-second of the learner's thread: what it does with the CPU it gets."""
+        return self.opt_s / max(self.cpu.get("learner thread", 0.0), 1e-9)
+
+
+@dataclass
+class Fanin:
+    """What one learner run with ``senders`` senders gave."""
+
+    senders: int
+    proxies: int
+    processes: int
+    idle_opt_s: float
+    steps: list[Step] = field(default_factory=list)
+    rss_start: int = 0  # learner VmRSS, bytes, when the first offered rate began
+    rss_end: int = 0  # ... when the last window closed
+    sockets: int = 0  # sockets the learner held during the last window
+    actors: int = 0  # senders the learner accounted for (its final summary)
+    proxies_seen: int = 0
+    inserted: int = 0
+    batches: int = 0
+    rejected: int = 0
+    lost: int = 0
+    sent: int = 0  # batches the senders sent in all
+
+    idle: Step | None = None
+
+    def kept(self, step: Step) -> bool:
+        return step.opt_s >= KEEP * self.idle_opt_s
+
+    def best(self) -> Step | None:
+        """The kept step with the most transitions taken in."""
+        kept = [s for s in self.steps if self.kept(s)]
+        return max(kept, key=lambda s: s.ingest_s) if kept else None
+
+
+class _Bench:
+    """The bench side of one run: the control PUB (rates), the report PULL (ready), the learner's summaries."""
+
+    def __init__(self, summary_path: Path, procs: list[Proc]) -> None:  # (procs: the list, filled later)
+        self.ctx = zmq.Context(io_threads=1)
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.control = f"tcp://{HOST}:{self.pub.bind_to_random_port(f'tcp://{HOST}')}"
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.report = f"tcp://{HOST}:{self.pull.bind_to_random_port(f'tcp://{HOST}')}"
+        self.summary_path, self.procs = summary_path, procs
+        self.rate, self.resend = 0.0, Every(0.2)
+        self._mtime = 0
+        self.summary: dict[str, Any] = {}
+
+    def close(self) -> None:
+        self.pub.close(linger=0)
+        self.pull.close(linger=0)
+        self.ctx.term()
+
+    def offer(self, rate: float) -> None:
+        self.rate = rate
+        self.pub.send_json({"rate": rate})
+
+    def tick(self, wait_s: float = 0.05) -> None:
+        """Re-broadcast the rate now and then (a late subscriber gets it too), check every process, wait a little."""
+        if self.resend():
+            self.pub.send_json({"rate": self.rate})
+        for proc in self.procs:
+            if not proc.alive():
+                raise proc.failure(f"{proc.name} exited")
+        self.pull.poll(int(wait_s * 1000), zmq.POLLIN)
+
+    def ready(self, processes: int, timeout_s: float) -> float:
+        """Wait for every sender process to say all its senders have a model; returns the seconds it took."""
+        start, seen = time.monotonic(), set[int]()
+        while len(seen) < processes:
+            if time.monotonic() - start > timeout_s:
+                raise BenchError(f"{len(seen)} of {processes} sender processes ready within {timeout_s:.0f}s")
+            self.tick()
+            while self.pull.poll(0, zmq.POLLIN):
+                report: dict[str, Any] = self.pull.recv_json()  # type: ignore[assignment]
+                seen.add(int(report["ready"]))
+        return time.monotonic() - start
+
+    def fresh_summary(self, timeout_s: float, accept: Callable[[dict[str, Any]], bool] = lambda s: True
+                      ) -> dict[str, Any]:
+        """The learner's next summary written from now on that ``accept`` takes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.tick()
+            try:
+                mtime = os.stat(self.summary_path).st_mtime_ns
+            except OSError:
+                continue
+            if mtime == self._mtime:
+                continue
+            summary = read_json(self.summary_path)
+            if summary is not None:
+                self._mtime = mtime
+                self.summary = summary
+                if accept(summary):
+                    return summary
+        raise BenchError(f"no fitting learner summary in {self.summary_path} within {timeout_s:.0f}s")
+
+    def window(self, rate: float, settle_s: float, seconds: float) -> Step:
+        """Offer ``rate``, let it settle, then the learner's opt steps/s and intake between two summaries."""
+        self.offer(rate)
+        settle = time.monotonic() + settle_s
+        while time.monotonic() < settle:
+            self.tick()
+        first = self.fresh_summary(30.0)
+        t0, cpu0 = time.monotonic(), self.cpu()
+        last = self.fresh_summary(seconds + 30.0, lambda s: s["wall_s"] >= first["wall_s"] + seconds)
+        t1, cpu1 = time.monotonic(), self.cpu()
+        span = last["wall_s"] - first["wall_s"]
+        return Step(rate, (last["opt_steps"] - first["opt_steps"]) / span,
+                    (last["transitions_inserted"] - first["transitions_inserted"]) / span, span,
+                    {k: (cpu1[k] - cpu0[k]) / (t1 - t0) for k in cpu0})
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far: the learner's thread, the learner process, the proxies, the sender processes."""
+        out = {"learner thread": 0.0, "learner": 0.0, "proxies": 0.0, "senders": 0.0}
+        for proc in self.procs:
+            pid, kind = proc.popen.pid, proc.name.split("-")[2]  # fanin-N-learner, fanin-N-proxy-i, fanin-N-send-i
+            if kind == "learner":
+                out["learner thread"] += cpu_seconds(pid, pid)
+                out["learner"] += cpu_seconds(pid)
+            else:
+                out["proxies" if kind == "proxy" else "senders"] += cpu_seconds(pid)
+        return out
+
+
+def _search(step: Callable[[float], Step], result: Fanin, refine: int) -> None:
+    """Offered rates: double from ``RATE0`` until one is not kept (or the intake saturates), then bisect."""
+    lo: float | None = None
+    hi: float | None = None
+    rate = RATE0
+    while rate <= RATE_MAX:
+        st = step(rate)
+        result.steps.append(st)
+        if not result.kept(st):
+            hi = rate
+            break
+        lo = rate
+        if st.ingest_s < SATURATED * rate:
+            break  # the learner took in what it could: more offered is not more taken in
+        rate *= 2
+    if lo is None:  # not even the first rate: try lower ones
+        rate = RATE0
+        for _ in range(3):
+            rate /= 2
+            st = step(rate)
+            result.steps.append(st)
+            if result.kept(st):
+                lo = rate
+                break
+            hi = rate
+    for _ in range(refine):
+        if lo is None or hi is None:
+            break
+        mid = math.sqrt(lo * hi)
+        st = step(mid)
+        result.steps.append(st)
+        lo, hi = (mid, hi) if result.kept(st) else (lo, mid)
+
+
+def _pool(c: Context, cfg: Any) -> Path:
+    """The transitions file the learner prefills from and the senders send (made once per bench run)."""
+    path = c.path("fanin-pool.npz")
+    if not path.exists():
+        prefill_pool(c, cfg, path.name)
+    return path
+
+
+def measure(c: Context, senders: int, proxies: int = PROXIES, processes: int = PROCESSES) -> Fanin:
+    """One learner run with ``senders`` senders in ``processes`` processes through ``proxies`` proxies."""
+    s = c.settings
+    path = c.configs(CONFIG)[0]
+    cfg = learner_config(path, *OVERRIDES)
+    processes = max(1, min(processes, senders))
+    pool = _pool(c, cfg)
+    run_dir = c.path(f"fanin-{senders}")
+    data, model, evals = free_addr(), free_addr(), free_addr()
+    proxy_addrs = [free_addr() for _ in range(proxies)]
+    common = {"config": str(path), "overrides": list(OVERRIDES), "pool": str(pool)}
+    settle = s.fanin_window_s / 3
+    sets = [a for o in (*OVERRIDES, "run.log_level=warning") for a in ("--set", o)]
+    with Procs(c.logs) as procs:
+        bench = _Bench(run_dir / "summary.json", procs.procs)
+        try:
+            learner = procs.child(f"fanin-{senders}-learner", learn, {
+                **common, "run_dir": str(run_dir), "data": data, "model": model, "eval": evals,
+                "out": str(c.path(f"fanin-{senders}-learner.json"))})
+            bench.fresh_summary(180.0, lambda x: x["opt_steps"] > 0)  # torch loaded, training on the prefill
+            for i, addr in enumerate(proxy_addrs):
+                procs.start(f"fanin-{senders}-proxy-{i}", zmqrl_argv(
+                    "proxy", str(path), "--bind", addr, "--learner", data, "--models", model, "--name",
+                    f"proxy-{i}", *sets))
+            split = [senders // processes + (i < senders % processes) for i in range(processes)]
+            outs = [c.path(f"fanin-{senders}-send-{i}.json") for i in range(processes)]
+            for i, count in enumerate(split):
+                procs.child(f"fanin-{senders}-send-{i}", send_many, {
+                    **common, "proxies": proxy_addrs, "models": model, "control": bench.control,
+                    "report": bench.report, "first": sum(split[:i]), "count": count, "share": count / senders,
+                    "n_buffer": cfg.actor.n_buffer, "sndhwm": cfg.actor.send_hwm, "out": str(outs[i]),
+                    "timeout_s": 900.0})
+            bench.ready(processes, 60.0 + senders * 0.5)
+            idle = bench.window(0.0, settle, s.fanin_window_s)
+            result = Fanin(senders, proxies, processes, idle.opt_s, idle=idle)
+            result.rss_start = rss_bytes(learner.popen.pid) or 0
+            _search(lambda rate: bench.window(rate, settle, s.fanin_window_s), result, s.fanin_refine)
+            result.rss_end = rss_bytes(learner.popen.pid) or 0
+            result.sockets = open_sockets(learner.popen.pid)
+            bench.offer(0.0)
+            for proc in procs.procs[::-1]:  # senders first, the learner last: its final summary counts everything
+                code = proc.stop(10.0)
+                if code != 0:
+                    raise proc.failure(f"{proc.name} did not stop cleanly")
+        finally:
+            bench.close()
+    final = read_json(run_dir / "summary.json") or {}
+    messages = final.get("messages", {})
+    result.actors, result.proxies_seen = len(final.get("actors", {})), len(final.get("proxies", {}))
+    result.inserted = int(final.get("transitions_inserted", 0))
+    result.batches = int(messages.get("batches_received", 0))
+    result.rejected, result.lost = int(messages.get("rejected_total", -1)), int(messages.get("batches_lost", -1))
+    result.sent = sum(int((read_json(out) or {}).get("sent", 0)) for out in outs)
+    return result
+
+
+# ------------------------------------------------------------------------------------- rows
+
+
+def projected(r: Fanin) -> float | None:
+    """Transitions/s at which the learner's thread, on a core of its own, would keep ``KEEP`` x its idle
+    opt steps/s: from the share of its CPU that went elsewhere than optimising at the busiest window
+    (``1 - opt steps per thread CPU-second / idle's``), taken as growing in proportion to the intake."""
+    if r.idle is None or not r.steps:
+        return None
+    busiest = max(r.steps, key=lambda st: st.ingest_s)
+    elsewhere = 1.0 - busiest.opt_per_cpu() / r.idle.opt_per_cpu()
+    return busiest.ingest_s * (1.0 - KEEP) / elsewhere if elsewhere > 0.02 else None
+
+
+def _detail(r: Fanin, n_buffer: int) -> str:
+    idle = r.idle or Step(0.0, r.idle_opt_s, 0.0, 0.0)
+    steps = "; ".join(f"{st.offered / 1000:,.1f}k -> {st.ingest_s:,.0f} at {st.opt_s / r.idle_opt_s:.2f}x "
+                      f"(thread {st.cpu.get('learner thread', 0):.2f} core, "
+                      f"{st.opt_per_cpu() / idle.opt_per_cpu():.2f}x per thread CPU-s)" for st in r.steps)
+    busiest = max(r.steps, key=lambda st: st.ingest_s) if r.steps else idle
+    cpu = ", ".join(f"{k} {v:.2f}" for k, v in busiest.cpu.items())
+    ahead = projected(r)
+    return (f"idle {r.idle_opt_s:,.0f} opt steps/s (senders connected, silent; learner thread "
+            f"{idle.cpu.get('learner thread', 0):.2f} core); offered/s -> taken in/s at opt steps/s vs idle: {steps}; "
+            f"cores used at {busiest.offered:,.0f} offered: {cpu}"
+            + (f"; the learner thread, on a core of its own, would keep {KEEP:g}x up to ~{ahead:,.0f} transitions/s "
+               f"(projected from its CPU per opt step)" if ahead else "")
+            + f"; {r.batches:,} batches of {n_buffer} in replay from {r.actors} senders via {r.proxies_seen} "
+              f"proxies, {r.rejected} rejected, {r.lost} lost")
+
+
+def rows(c: Context, results: list[Fanin]) -> list[Row]:
+    """A row per run (the first judged against ``GOAL_RATE``, the others against the first), and the
+    learner's memory over the largest run's offered rates."""
+    path = c.configs(CONFIG)[0]
+    n_buffer = learner_config(path).actor.n_buffer
+    out: list[Row] = []
+    first: float | None = None
+    for i, r in enumerate(results):
+        best = r.best()
+        fallback = min(r.steps, key=lambda st: st.offered) if r.steps else None
+        measured = best.ingest_s if best is not None else fallback.ingest_s if fallback is not None else None
+        setup = (f"{path.name}, rate limiter off ({LIMITER_OFF}): the real Learner in its own process (replay "
+                 f"prefilled), {r.proxies} `zmqrl proxy` processes, {r.senders} senders in {r.processes} processes "
+                 f"(each its own PUSH to a proxy, SUB on the learner's models, name and incarnation) sending "
+                 f"pre-encoded {n_buffer}-transition batches; {os.cpu_count()} CPUs for all of it")
+        if best is not None:
+            what = (f"most transitions/s the learner took in (its own count) at >= {KEEP:g}x its idle opt steps/s: "
+                    f"{best.ingest_s:,.0f} at {best.offered:,.0f} offered")
+        else:
+            what = (f"at no offered rate did the learner keep {KEEP:g}x its idle opt steps/s; the figure is what it "
+                    f"took in at the lowest rate offered, not a kept rate")
+        note = f"{what}. {setup}. {_detail(r, n_buffer)}"
+        if i == 0:
+            out.append(make_row(f"fanin_{r.senders}_senders", measured, GOAL_RATE, "transitions/s",
+                                f"vs the goal of {GOAL_RATE:,.0f}/s: {note}", (">=", 1.0), complete=best is not None))
+            first = measured
+        else:
+            out.append(make_row(f"fanin_{r.senders}_senders", measured, first, "transitions/s",
+                                f"vs the {results[0].senders}-sender row: {note}"))
+    if results:
+        r = max(results, key=lambda x: x.senders)
+        mib = 2**20
+        out.append(make_row(
+            f"fanin_{r.senders}_senders_rss", r.rss_end / mib, r.rss_start / mib, "MiB",
+            f"learner VmRSS at the end of the {r.senders}-sender run's offered rates vs at their start "
+            f"({sum(st.seconds for st in r.steps):.0f}s of windows, {r.batches:,} batches taken in); it then held "
+            f"{r.sockets} sockets ({r.senders} model subscribers, {r.proxies} proxy links, its 3 listeners) and "
+            f"accounted {r.actors} senders", ("<=", 1.05)))
+    return out
+
+
+def run(c: Context) -> list[Row]:
+    """One learner run per sender count in ``settings.fanin``."""
+    return rows(c, [measure(c, n) for n in c.settings.fanin])
