@@ -69,7 +69,7 @@ KEEP = 0.9  # the learner must keep this share of its idle opt steps/s
 RATE0 = 25_000.0  # the first offered rate, transitions/s in all
 RATE_MAX = 400_000.0  # offered rates double up to this
 SATURATED = 0.8  # taking in less than this share of the offer: offering more gains nothing
-OVERRIDES = (LIMITER_OFF, "net.stats_interval_s=0.5")  # summaries (the figures read) twice a second
+OVERRIDES = (LIMITER_OFF,)  # the learner's summaries (the figures read) come at its default net.stats_interval_s
 SEQ = b'"seq":0,'  # where a pre-encoded header's sequence number goes
 
 

@@ -141,7 +141,7 @@ class Settings:
     solve_budget_s: float = 330.0  # wall-clock budget of the capped ``zmqrl local``/``train`` runs of one config
     actor_rate: float = 0.0  # learner row: transitions/s per simulated actor; 0 = the group's default
     fanin: tuple[int, ...] = (64, 256)  # fanin rows: connected senders, one learner run each
-    fanin_window_s: float = 3.0  # fanin: seconds per measured window (idle, and each offered rate)
+    fanin_window_s: float = 4.0  # fanin: seconds per measured window (idle, each offered rate): summaries 2 s apart
     fanin_refine: int = 2  # fanin: bisection steps between the last offered rate kept and the first not kept
     sb3: bool = False
     sb3_python: str = ""
