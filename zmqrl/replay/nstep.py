@@ -6,6 +6,10 @@ import numpy as np
 
 Batch = dict[str, np.ndarray]
 
+# Extra keys of the transitions of a push that brings ``values`` (see NStepBuilder.push).
+FIRST_VALUES = "first_values"  # the values given with each transition's first step
+ENV = "env"  # the env each transition comes from
+
 
 class NStepBuilder:
     """Turns vector-env steps into n-step transitions that never cross episodes.
@@ -14,7 +18,15 @@ class NStepBuilder:
     shape ``(n, num_envs, ...)``. A transition carries ``reward`` (discounted
     sum over its ``k <= n`` steps), ``next_obs`` (``k`` steps later, or the final
     observation) and ``discount`` (``gamma ** k``, or 0 if the episode terminated).
+
+    Optionally each step also brings per-env ``values`` (what a policy computed when acting on
+    ``obs``); they ride along in a ring of the same shape and come out with the transition whose
+    first step they belong to, so initial priorities can reuse the acting forward pass.
     """
+
+    # The values ring, made by the first push that brings values. A class default rather than an
+    # instance attribute, so builders that never carry values save the same state as before.
+    _values: np.ndarray | None = None
 
     def __init__(self, num_envs: int, n: int, gamma: float) -> None:
         if num_envs < 1:
@@ -54,19 +66,28 @@ class NStepBuilder:
         next_obs: np.ndarray,
         terminated: np.ndarray,
         truncated: np.ndarray,
+        values: np.ndarray | None = None,
     ) -> Batch | None:
-        """Record one vector-env step; return the transitions it completes, or None."""
+        """Record one vector-env step; return the transitions it completes, or None.
+
+        ``values`` (leading dim ``num_envs``): given on every push or on none. With them, each
+        transition also carries :data:`FIRST_VALUES` (the values of its first step) and
+        :data:`ENV` (its env's index).
+        """
         obs, action, next_obs = np.asarray(obs), np.asarray(action), np.asarray(next_obs)
         reward = self._per_env("reward", reward).astype(np.float64)
         term = self._per_env("terminated", terminated).astype(bool)
         trunc = self._per_env("truncated", truncated).astype(bool)
         self._check_step(obs, action, next_obs)
+        self._check_values(values)
         assert self._obs is not None and self._action is not None
 
         slot = self._t % self.n
         self._obs[slot] = obs
         self._action[slot] = action
         self._reward[slot] = reward
+        if self._values is not None:
+            self._values[slot] = values
         self._t += 1
         self._count = np.minimum(self._count + 1, self.n)
 
@@ -88,13 +109,17 @@ class NStepBuilder:
         oldest = (slot + 1) % self.n
         order = (oldest + np.arange(self.n)) % self.n
         ret = self._powers @ self._reward[order][:, envs]
-        return {
+        batch = {
             "obs": self._obs[oldest, envs],
             "action": self._action[oldest, envs],
             "reward": ret.astype(np.float32),
             "next_obs": next_obs[envs],
             "discount": np.full(envs.size, self.gamma**self.n, dtype=np.float32),
         }
+        if self._values is not None:
+            batch[FIRST_VALUES] = self._values[oldest, envs]
+            batch[ENV] = envs
+        return batch
 
     def _flush(self, slot: int, env: int, final_obs: np.ndarray, terminated: bool) -> Batch:
         """All pending transitions of an env whose episode ended at ``slot``."""
@@ -104,19 +129,36 @@ class NStepBuilder:
         ret = self._returns[:c, :c] @ self._reward[order, env]
         steps_left = c - np.arange(c)
         discount = np.zeros(c) if terminated else self.gamma**steps_left
-        return {
+        batch = {
             "obs": self._obs[order, env],
             "action": self._action[order, env],
             "reward": ret.astype(np.float32),
             "next_obs": np.repeat(final_obs[None], c, axis=0),
             "discount": discount.astype(np.float32),
         }
+        if self._values is not None:
+            batch[FIRST_VALUES] = self._values[order, env]
+            batch[ENV] = np.full(c, env, dtype=np.int64)
+        return batch
 
     def _per_env(self, name: str, x: np.ndarray) -> np.ndarray:
         arr = np.asarray(x)
         if arr.shape != (self.num_envs,):
             raise ValueError(f"{name}: expected shape ({self.num_envs},), got {arr.shape}")
         return arr
+
+    def _check_values(self, values: np.ndarray | None) -> None:
+        """Values on every push or on none; allocate their ring on the first push (of the first ones)."""
+        if values is None:
+            if self._values is not None:
+                raise ValueError("values: this builder got values before; give them on every push")
+            return
+        if self._values is None:
+            if self._t:
+                raise ValueError("values: this builder had steps without values; give them on every push")
+            self._values = np.zeros((self.n, *np.shape(values)), dtype=np.asarray(values).dtype)
+        if np.shape(values) != self._values.shape[1:]:
+            raise ValueError(f"values: expected shape {self._values.shape[1:]}, got {np.shape(values)}")
 
     def _check_step(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray) -> None:
         """Validate shapes/dtypes; allocate the rings on the first call."""
