@@ -10,7 +10,7 @@ Optional keys: ``priority`` (initial priorities), and, on sampled batches, ``ind
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -42,6 +42,33 @@ class Policy(Protocol):
     def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """Initial replay priorities for transitions, computed locally; None where the algorithm
         has none (the learner then gives new transitions the maximum priority)."""
+        ...
+
+
+@runtime_checkable
+class ReusesActingValues(Protocol):
+    """Optional, on top of :class:`Policy`: initial priorities from what acting computed anyway.
+
+    Each :meth:`Policy.act` call keeps, per row, the values priorities need of that observation
+    (DQN: ``Q(s, .)``). The acting loop pairs, for every n-step transition, the values of its
+    ``obs`` (kept when acting on it) with those of its ``next_obs`` (kept when acting on it one
+    step later, or from :meth:`values` for a final observation never acted on), so priorities
+    take no forward pass of their own. By definition
+    ``priorities(batch) == priorities_from_values(batch, values(obs), values(next_obs))``.
+    """
+
+    def acted_values(self) -> np.ndarray:
+        """The values of the observations of the last :meth:`Policy.act` call, one row each."""
+        ...
+
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        """The same values for observations (one forward pass)."""
+        ...
+
+    def priorities_from_values(self, batch: Mapping[str, np.ndarray], first: np.ndarray,
+                               boot: np.ndarray) -> np.ndarray:
+        """Initial priorities of ``batch`` from the values of its ``obs`` (``first``) and of its
+        ``next_obs`` (``boot``; any finite values on rows whose ``discount`` is 0)."""
         ...
 
 

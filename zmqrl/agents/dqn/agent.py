@@ -22,6 +22,7 @@ from torch import nn
 from zmqrl.agents.base import epsilon_greedy
 from zmqrl.agents.dqn.config import DQNConfig
 from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
+from zmqrl.agents.dqn.numpy_policy import td_priorities
 from zmqrl.agents.staging import BatchStager
 from zmqrl.agents.torch_util import Adam, clip_gradients, load_module_params, module_params, update_target
 from zmqrl.config import ConfigError
@@ -38,7 +39,12 @@ def build_q_network(cfg: DQNConfig, obs_space: gym.spaces.Space, num_actions: in
 
 
 class DQNPolicy:
-    """Epsilon-greedy policy over a Q-network; runs in actors and for evaluation."""
+    """Epsilon-greedy policy over a Q-network; runs in actors and for evaluation.
+
+    It keeps the Q-values of its last :meth:`act` call, so an acting loop can build initial
+    priorities from them (:class:`~zmqrl.core.ReusesActingValues`) instead of a second forward
+    pass over every transition's ``obs`` and ``next_obs``.
+    """
 
     def __init__(self, cfg: DQNConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Discrete,
                  device: torch.device | str = "cpu", seed: int = 0) -> None:
@@ -48,6 +54,7 @@ class DQNPolicy:
         torch.manual_seed(seed)
         self.q = build_q_network(cfg, obs_space, self.num_actions).to(self.device)
         self.rng = np.random.default_rng(seed)
+        self._acted = torch.zeros(0, self.num_actions)  # Q-values of the last act call
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(array), device=self.device)
@@ -57,9 +64,25 @@ class DQNPolicy:
         """Greedy actions for a batch of observations."""
         return self.q(self._tensor(obs)).argmax(dim=1).cpu().numpy()
 
+    @torch.no_grad()
     def act(self, obs: np.ndarray, explore: float | np.ndarray) -> np.ndarray:
-        """Epsilon-greedy actions; ``explore`` is epsilon, a scalar or one value per row."""
-        return epsilon_greedy(self.greedy(obs), explore, self.rng, self.num_actions)
+        """Epsilon-greedy actions; ``explore`` is epsilon, a scalar or one value per row. The Q-values
+        stay (on the device) for :meth:`acted_values`."""
+        self._acted = q = self.q(self._tensor(obs))
+        return epsilon_greedy(q.argmax(dim=1).cpu().numpy(), explore, self.rng, self.num_actions)
+
+    def acted_values(self) -> np.ndarray:
+        """Q-values of the observations of the last :meth:`act` call (:class:`~zmqrl.core.ReusesActingValues`)."""
+        return self._acted.cpu().numpy()  # type: ignore[no-any-return]
+
+    @torch.no_grad()
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        """Q-values of a batch of observations, shape ``(len(obs), num_actions)``."""
+        return self.q(self._tensor(obs)).cpu().numpy()  # type: ignore[no-any-return]
+
+    def priorities_from_values(self, batch: Mapping[str, np.ndarray], first: np.ndarray,
+                               boot: np.ndarray) -> np.ndarray:
+        return td_priorities(batch, first, boot)
 
     def params(self) -> dict[str, np.ndarray]:
         """The Q-network parameters as named, contiguous CPU arrays."""
@@ -69,14 +92,9 @@ class DQNPolicy:
         """Load named arrays from :meth:`params`; names and shapes must match exactly."""
         load_module_params(self.q, params)
 
-    @torch.no_grad()
     def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
-        """|TD error| with the local network standing in for the target (Ape-X actors)."""
-        q = self.q(self._tensor(batch["obs"]))
-        q_taken = q.gather(1, self._tensor(batch["action"]).long().unsqueeze(1)).squeeze(1)
-        next_q = self.q(self._tensor(batch["next_obs"])).max(dim=1).values
-        target = self._tensor(batch["reward"]) + self._tensor(batch["discount"]) * next_q
-        return (target - q_taken).abs().cpu().numpy().astype(np.float32)
+        """|TD error| with the local network standing in for the target (:func:`td_priorities`)."""
+        return td_priorities(batch, self.values(batch["obs"]), self.values(batch["next_obs"]))
 
 
 class DQNAgent(DQNPolicy):

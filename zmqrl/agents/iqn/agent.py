@@ -105,7 +105,11 @@ class IQNPolicy:
     @torch.no_grad()
     def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """Initial priorities on the learner's scale: the pairwise quantile Huber loss with the local
-        network standing in for the target and the ``K`` midpoints as both sets of fractions."""
+        network standing in for the target and the ``K`` midpoints as both sets of fractions.
+
+        A forward pass of their own (no :class:`~zmqrl.core.ReusesActingValues`): acting averages
+        quantiles at fresh random fractions, not at the midpoints, so reusing it would take a second
+        pass of the quantile head (the larger part of IQN's forward) on every act call; not done yet."""
         n = len(batch["obs"])
         obs = torch.cat([self._tensor(batch["obs"]), self._tensor(batch["next_obs"])])
         z = self.q(obs, self._taus(None, 2 * n))  # (2n, K, A)
