@@ -26,8 +26,10 @@ from zmqrl.agents import algorithm
 from zmqrl.agents.base import Algorithm, ArraySpec, Exploration
 from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config
-from zmqrl.envs import VectorStepper, capture_object, make_vector_env, plan_restore, spaces
+from zmqrl.core import ReusesActingValues
+from zmqrl.envs import Step, VectorStepper, capture_object, make_vector_env, plan_restore, spaces
 from zmqrl.replay import NStepBuilder
+from zmqrl.replay.nstep import ENV, FIRST_VALUES
 
 if TYPE_CHECKING:
     from zmqrl.core import Agent, Params, Policy
@@ -88,10 +90,23 @@ class ActingLoop:
 
     ``explore`` for each step comes from ``exploration`` at the env steps taken so far (counted
     from ``env_steps``, so a resumed trainer continues its schedule).
+
+    With ``priorities`` and a policy that :class:`~zmqrl.core.ReusesActingValues`, transitions
+    come with their initial ``priority``, built from the values the policy computed when acting:
+    those of each transition's first observation, and those of its bootstrap observation, which
+    the next step acts on. A transition whose episode goes on therefore comes out one step later
+    than without priorities (and one still waiting when the loop stops is not sent, like the
+    n-step builder's pending steps); :meth:`state` does not hold the waiting ones. A transition
+    whose episode terminated needs no bootstrap; one whose episode was truncated bootstraps from
+    a final observation nobody acts on, and those take one small forward pass per step where they
+    occur. The two values may come from different model versions when a new one arrived in
+    between: initial priorities are estimates (the learner replaces them at the first replay), so
+    this is not worth a forward pass. Otherwise (``priorities`` off, or a policy without reused
+    values) transitions come without priorities, at once.
     """
 
     def __init__(self, cfg: Config, policy: Policy, exploration: Exploration, seed: int,
-                 env_steps: int = 0) -> None:
+                 env_steps: int = 0, priorities: bool = False) -> None:
         self.policy = policy
         self.exploration = exploration
         self.num_envs = cfg.env.num_envs
@@ -100,15 +115,72 @@ class ActingLoop:
         self.env_steps = env_steps
         self.env_cfg = cfg.env
         self._warned = False
+        self.reuse = policy if priorities and isinstance(policy, ReusesActingValues) else None
+        self._waiting: dict[str, np.ndarray] | None = None  # transitions waiting for their bootstrap's values
+
+    @property
+    def prioritises(self) -> bool:
+        """Whether the transitions this loop returns carry their initial ``priority``."""
+        return self.reuse is not None
 
     def step(self) -> Acted:
         """Act once in every env; returns what that completed."""
         explore = self.exploration(self.env_steps)
         step = self.stepper.step(self.policy.act(self.stepper.obs, explore))
         self.env_steps += self.num_envs
-        transitions = self.nstep.push(step.obs, step.action, step.reward, step.next_obs,
-                                      step.terminated, step.truncated)
+        if self.reuse is None:
+            transitions = self.nstep.push(step.obs, step.action, step.reward, step.next_obs,
+                                          step.terminated, step.truncated)
+        else:
+            transitions = self._prioritised(step, self.reuse.acted_values())
         return Acted(transitions, step.episode_returns, step.episode_lengths, explore)
+
+    def _prioritised(self, step: Step, values: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The transitions that ``step`` (acted with ``values``) completes, with priorities: those
+        waiting since the last step (their bootstrap observation is what ``step`` acted on) and
+        those of episodes that ended; the others wait for the next step."""
+        assert self.reuse is not None
+        new = self.nstep.push(step.obs, step.action, step.reward, step.next_obs, step.terminated,
+                              step.truncated, values=values)
+        ready = []
+        if self._waiting is not None:
+            waiting, self._waiting = self._waiting, None
+            ready.append(self._with_priority(waiting, values[waiting[ENV]]))
+        if new is not None:
+            ended = (step.terminated | step.truncated)[new[ENV]]
+            if not ended.any():
+                self._waiting = new
+            else:
+                if not ended.all():
+                    self._waiting = {key: value[~ended] for key, value in new.items()}
+                    new = {key: value[ended] for key, value in new.items()}
+                ready.append(self._with_priority(new, self._final_values(new, step.next_obs)))
+        if not ready:
+            return None
+        if len(ready) == 1:
+            return ready[0]
+        return {key: np.concatenate([part[key] for part in ready]) for key in ready[0]}
+
+    def _final_values(self, ended: dict[str, np.ndarray], next_obs: np.ndarray) -> np.ndarray:
+        """Bootstrap values of transitions of ended episodes: none needed where the episode
+        terminated (discount 0: zeros); one forward pass over the final observations of the envs
+        truncated (one row per env, however many transitions it flushed)."""
+        assert self.reuse is not None
+        first = ended[FIRST_VALUES]
+        boot = np.zeros_like(first)
+        truncated = ended["discount"] > 0
+        if truncated.any():
+            envs, row = np.unique(ended[ENV][truncated], return_inverse=True)
+            boot[truncated] = self.reuse.values(next_obs[envs])[row]
+        return boot
+
+    def _with_priority(self, batch: dict[str, np.ndarray], boot: np.ndarray) -> dict[str, np.ndarray]:
+        """``batch`` without the builder's extra keys, with the priorities of its values."""
+        assert self.reuse is not None
+        first = batch.pop(FIRST_VALUES)
+        del batch[ENV]
+        batch["priority"] = self.reuse.priorities_from_values(batch, first, boot)
+        return batch
 
     # --- state for exact resumes ---------------------------------------------------------------
     def state(self) -> tuple[dict[str, Any], list[str]]:

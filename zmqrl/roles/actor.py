@@ -9,8 +9,10 @@ Costs that decide a fast actor's speed (CartPole: a vector step takes ~150 us on
 measured and kept off the per-step path: the model socket is polled every ``MODEL_POLL_S``, not
 every step; batches finished within ``SEND_LINGER_S`` of the last send go out together, because
 waking ZeroMQ's I/O thread for each message costs more than the rest of the sending; batches
-that go out together are assembled with one concatenation per field; a batch's priorities take
-one forward pass (of ``obs`` and ``next_obs`` together); and a header is filled into a template
+that go out together are assembled with one concatenation per field; priorities come from the
+values the policy computed when acting, where its algorithm can reuse them (DQN: no forward pass
+of their own, see :class:`~zmqrl.acting.ActingLoop`), else from one forward pass per batch (of
+``obs`` and ``next_obs`` together); and a header is filled into a template
 (:class:`~zmqrl.wire.sockets.BatchEncoder`) rather than built and checked anew.
 """
 
@@ -59,7 +61,7 @@ SEND_LINGER_S = 0.02  # batches finished sooner than this after the last send wa
 class ReadyBatch:
     """A finished batch waiting to be sent: transitions as built, model versions, episodes ended."""
 
-    parts: list[dict[str, np.ndarray]]  # NStepBuilder.push results, concatenated when sent
+    parts: list[dict[str, np.ndarray]]  # the acting loop's transitions, concatenated when sent
     size: int  # transitions
     low: int  # oldest and newest model version that acted for it
     high: int
@@ -119,8 +121,8 @@ class Actor:
         self.signature = task_signature(task)
         self.policy = task.policy(self.seed, backend=cfg.actor.backend)
         self.exploration = task.exploration(index)
-        self.loop = ActingLoop(cfg, self.policy, self.exploration, self.seed)
         self.priorities = cfg.actor.compute_priorities and cfg.replay.prioritized
+        self.loop = ActingLoop(cfg, self.policy, self.exploration, self.seed, priorities=self.priorities)
 
         self.ctx = new_context(cfg.net)
         self.proxy_addr, self.model_addr = proxy_addr, model_addr
@@ -229,14 +231,15 @@ class Actor:
     def _arrays(self) -> list[dict[str, np.ndarray]]:
         """The ready batches' arrays, with priorities: one concatenation per field for all of them
         (numpy's per-call cost, not the rows, is what small batches pay for), a contiguous slice of
-        it per batch, and one forward pass per batch (larger ones cost more per row here: big
-        temporaries are mmapped afresh each time, and OpenBLAS starts spinning worker threads)."""
+        it per batch, and, where the acting loop did not bring priorities, one forward pass per
+        batch (larger ones cost more per row here: big temporaries are mmapped afresh each time,
+        and OpenBLAS starts spinning worker threads)."""
         parts = [part for ready in self._ready for part in ready.parts]
         arrays = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
         batches, end = [], 0
         for ready in self._ready:
             batch = {key: value[end:end + ready.size] for key, value in arrays.items()}
-            if self.priorities:
+            if self.priorities and not self.loop.prioritises:
                 priority = self.policy.priorities(batch)
                 if priority is not None:
                     batch["priority"] = priority
