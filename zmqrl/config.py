@@ -29,6 +29,7 @@ class RunConfig:
     name: str = "run"  # a label for logs and the summary
     seed: int = 0  # base seed: envs, networks, replay sampling and actors derive theirs from it
     device: str = "cpu"  # torch device of the learner: cpu, cuda, cuda:1, or auto
+    torch_threads: int = 1  # CPU threads of the learner's torch (and `zmqrl train`'s); 1 leaves other cores to actors
     run_dir: str = ""  # run directory; empty means runs/<name>-<timestamp>
     log_level: str = "info"  # debug, info, warning, error
 
@@ -168,8 +169,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "net.security": ("none", "curve"),
 }
 _POSITIVE = {
-    "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.batch_size", "replay.capacity",
-    "replay.beta_steps",
+    "run.torch_threads", "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.batch_size",
+    "replay.capacity", "replay.beta_steps",
     "trainer.opt_interval", "trainer.max_opts", "trainer.eval_interval", "trainer.eval_episodes",
     "trainer.record_interval", "trainer.sync_interval", "actor.n_buffer", "actor.num_actors",
     "actor.send_hwm", "net.max_message_mb", "net.heartbeat_ms", "net.heartbeat_timeout_ms",

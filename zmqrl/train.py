@@ -63,7 +63,7 @@ class LoopCounters:
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
     """Train in this process; returns the summary written to ``summary.json``."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.run.torch_threads)
     seed = cfg.run.seed
     seed_everything(seed)
     task = make_task(cfg)

@@ -162,7 +162,7 @@ class Learner:
 
         from zmqrl.agents.torch_util import resolve_device
 
-        torch.set_num_threads(1)
+        torch.set_num_threads(self.cfg.run.torch_threads)
         torch.manual_seed(self.cfg.run.seed)
         agent = self.task.agent(device=resolve_device(self.cfg.run.device), seed=self.cfg.run.seed)
         if self._initial is not None:
@@ -178,7 +178,7 @@ class Learner:
     def _adopt(self, agent: Agent) -> None:
         import torch
 
-        torch.set_num_threads(1)  # (a per-thread setting in some builds: this is the thread that trains)
+        torch.set_num_threads(self.cfg.run.torch_threads)  # (per thread in some builds: this one trains)
         self._agent = agent
         self.book.agent = agent
         log.info("learner: ready in %.1fs", time.monotonic() - self.started)
