@@ -91,7 +91,7 @@ def test_help_lists_every_group() -> None:
 
 def test_presets_shorten_and_overrides_apply() -> None:
     full, quick, smoke = (bench.Settings.preset(m) for m in ("full", "quick", "smoke"))
-    assert full.seeds == 3 and quick.seeds == 1
+    assert full.seeds == 5 and quick.seeds == 1
     assert smoke.actor_s * smoke.actor_reps < quick.actor_s * quick.actor_reps < full.actor_s * full.actor_reps
     assert quick.solve_budget_s < full.solve_budget_s
     assert bench.Settings.preset("quick", seeds=5, solve_budget_s=None).seeds == 5
@@ -195,6 +195,25 @@ def test_groups_configs_exist_and_every_solve_config_has_an_sb3_peer() -> None:
         cfg = harness.load_config(REPO / "configs" / name)
         assert cfg.trainer.stop_return is not None, name
         assert (cfg.agent.algo, cfg.env.id) in solve.SB3_PEERS, name
+
+
+def test_solve_rows_judge_the_median_and_the_slowest_seed() -> None:
+    def runs(kind: str, walls: list[float], steps: list[int | None]) -> list[solve.SolveRun]:
+        return [solve.SolveRun(kind, seed, w, {"env_steps": n} if n else None) for seed, (w, n) in
+                enumerate(zip(walls, steps, strict=True))]
+
+    sb3 = runs("sb3", [30.0, 40.0, 50.0, 60.0, 90.0], [20_000] * 5)  # median 50 s
+    fast = runs("local", [10.0, 12.0, 20.0, 24.0, 45.0], [30_000, 40_000, 50_000, 60_000, 70_000])
+    median_row, slowest = solve.sb3_rows("t", fast, sb3, "")
+    assert (median_row.ratio, median_row.met) == (0.4, True) and (slowest.ratio, slowest.met) == (0.9, True)
+    one_slow = runs("local", [10.0, 12.0, 20.0, 24.0, 55.0], [1] * 5)  # median fine, slowest seed too slow
+    assert [r.met for r in solve.sb3_rows("t", one_slow, sb3, "")] == [True, False]
+    unsolved = runs("local", [10.0, 12.0, 20.0, 24.0, 45.0], [1, 1, 1, 1, None])
+    assert [r.met for r in solve.sb3_rows("t", unsolved, sb3, "")] == [False, False]
+    assert solve._median_steps(fast) == 50_000
+    assert solve._median_steps(runs("local", [1.0] * 3, [10, None, None])) is None  # half or more unsolved
+    assert solve._median_steps(runs("local", [1.0] * 3, [10, 30, None])) == 30
+    assert "4: 45.0 s/70,000" in solve._describe(fast) and "4: 45.0 s unsolved" in solve._describe(unsolved)
 
 
 def test_sb3_is_optional(tmp_path: Path) -> None:
@@ -301,13 +320,17 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
                 "transport_atari_64_direct", "learner_opt_steps", "broadcast_1mb", "broadcast_10mb", "startup_s",
                 "scaling_1_actors", "scaling_halfcheetah_sac_local_vs_bare", "solve_cartpole_dqn_local_vs_train",
-                "solve_pendulum_sac_local_vs_train"}
+                "solve_pendulum_sac_local_vs_train", "solve_cartpole_dqn_env_steps_local_vs_train",
+                "solve_pendulum_sac_env_steps_local_vs_train"}
     assert expected <= set(by_name), expected - set(by_name)
     for row in rows:
         check_schema(row)
         check_verdict(row)
         if row["note"] == "skipped: no CUDA device here":  # the CUDA rows, on a machine without one
             assert row["name"].endswith("_cuda_pinned") and row["met"] is None, row
+            continue
+        if "_env_steps_" in row["name"] and row["measured"] is None:  # smoke runs are too short to solve
+            assert "unsolved" in row["note"] and row["met"] is None, row
             continue
         assert positive_finite(row["ratio"]), row
         assert positive_finite(row["measured"]) and positive_finite(row["baseline"]), row

@@ -137,8 +137,8 @@ class Settings:
     scaling: tuple[int, ...] = (1, 2, 4)  # actor counts; the first is the baseline
     scaling_window_s: float = 10.0  # seconds between the learner summaries compared
     startup_reps: int = 5
-    seeds: int = 3  # solve: seeds 0..seeds-1
-    solve_budget_s: float = 330.0  # wall-clock budget of the capped ``zmqrl local``/``train`` runs of one config
+    seeds: int = 5  # solve: seeds 0..seeds-1
+    solve_budget_s: float = 600.0  # wall-clock budget of the capped ``zmqrl local``/``train`` runs of one config
     actor_rate: float = 0.0  # learner row: transitions/s per simulated actor; 0 = the group's default
     fanin: tuple[int, ...] = (64, 256)  # fanin rows: connected senders, one learner run each
     fanin_window_s: float = 4.0  # fanin: seconds per measured window (idle, each offered rate): summaries 2 s apart
