@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -72,6 +73,7 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
                                                                 zctx: zmq.Context,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = cartpole_cfg("run.seed=3", "trainer.warmup=64", "trainer.stop_return=null", "trainer.max_opts=20",
+                       "agent.target_update_interval=500",
                        "run.log_level=warning")
     release = threading.Event()
     build = Learner._build_agent
@@ -115,7 +117,7 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
         agent: Any = learner._agent
         target = {k: v.detach().numpy() for k, v in agent.target.state_dict().items()}
         for name, value in expected.items():  # the agent started from the very model actors were given
-            np.testing.assert_array_equal(target[name], value)  # (the target's first copy comes at step 500)
+            np.testing.assert_array_equal(target[name], value)  # (target_update_interval 500: no copy yet)
     finally:
         release.set()
         stop.set = True
@@ -214,3 +216,27 @@ def test_the_learners_adam_matches_torch_and_skips_the_compiler() -> None:
     compiler_before, same, same_state, compiler_after = done.stdout.split()
     assert (compiler_before, same, same_state) == ("False", "True", "True"), done.stdout
     assert compiler_after == "True", "the control did not import the compiler: the check above proves nothing"
+
+
+_EARLY_SIGNAL_SCRIPT = r'''
+import os, signal, sys
+from zmqrl.lifecycle import StopFlag, catch_stop_signals_early
+catch_stop_signals_early()
+os.kill(os.getpid(), signal.SIGTERM)  # while "starting": remembered, not fatal
+with StopFlag() as stop:
+    print(stop.set, stop.signal_name)
+os.kill(os.getpid(), signal.SIGTERM)  # after the loop, while closing: remembered again
+print("closed")
+sys.exit(0)
+'''
+
+
+def test_a_role_signalled_while_starting_or_closing_exits_with_its_own_code() -> None:
+    """A launcher may TERM a role that is still importing (the evaluator starts late) or already
+    closing (the learner finished): it must stop at its first step and exit 0, not die by the signal."""
+    done = subprocess.run([sys.executable, "-c", _EARLY_SIGNAL_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.split() == ["True", "SIGTERM", "closed"], done.stdout
+    control = subprocess.run([sys.executable, "-c", _EARLY_SIGNAL_SCRIPT.replace("catch_stop_signals_early()", "")],
+                             capture_output=True, text=True, timeout=60)
+    assert control.returncode == -signal.SIGTERM, "without it the signal kills the process (the positive control)"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from zmqrl import config as config_mod
 from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config, ConfigError
+from zmqrl.lifecycle import catch_stop_signals_early
 from zmqrl.record import setup_logging
 from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, endpoint
 from zmqrl.wire import SocketSetupError
@@ -184,7 +185,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     return parser, handlers
 
 
+ROLE_COMMANDS = ("learner", "proxy", "actor", "evaluator")  # processes that launchers start and stop
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] and sys.argv[1] in ROLE_COMMANDS:  # a role process, from its start
+        catch_stop_signals_early()
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -8,17 +8,37 @@ import signal
 import sys
 from typing import Any
 
-import numpy as np
-
 log = logging.getLogger("zmqrl")
 
 
 def seed_everything(seed: int) -> None:
     """Seed Python, numpy and (when this process uses it) torch global generators."""
+    import numpy as np
+
     random.seed(seed)
     np.random.seed(seed % 2**32)
     if "torch" in sys.modules:
         sys.modules["torch"].manual_seed(seed)
+
+
+_early: list[str] = []  # stop signals a role process got before its StopFlag was in place
+
+
+def _remember(signum: int, frame: Any) -> None:
+    if _early:
+        raise KeyboardInterrupt  # a second signal: the operator means now
+    _early.append(signal.Signals(signum).name)
+
+
+def catch_stop_signals_early() -> None:
+    """From here on (a role process's first moments) SIGINT/SIGTERM are remembered, not fatal.
+
+    A role signalled while it starts (importing, binding) then stops at its loop's first step,
+    and one signalled after its loop has ended (saving, closing, interpreter shutdown) exits with
+    its own code instead of dying by the signal; :class:`StopFlag` handles signals in between.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _remember)
 
 
 class StopFlag:
@@ -35,6 +55,10 @@ class StopFlag:
     def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
+        if _early:  # signalled while starting: stop at the first step
+            self.signal_name = _early.pop(0)
+            log.info("received %s while starting: stopping after the first step", self.signal_name)
+            self.set = True
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
