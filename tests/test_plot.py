@@ -93,7 +93,7 @@ def test_seeds_form_one_group_drawn_as_mean_and_std(runs: dict[str, Path], tmp_p
 
 def test_same_name_different_config_says_how_they_differ(runs: dict[str, Path], tmp_path: Path) -> None:
     groups = plot_runs([runs["s0"], runs["lr"]], tmp_path / "d.png")
-    assert [g.label for g in groups] == ["cartpole_dqn (agent.lr=0.001, seed 0)",
+    assert [g.label for g in groups] == ["cartpole_dqn (agent.lr=0.0023, seed 0)",
                                          "cartpole_dqn (agent.lr=0.0003, seed 0)"]
 
 

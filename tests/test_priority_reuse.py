@@ -64,7 +64,7 @@ def test_reused_priorities_equal_the_forward_pass(case: str) -> None:
     cfg, backend = CASES[case]()
     policy = make_task(cfg).policy(seed=3, backend=backend)
     assert isinstance(policy, ReusesActingValues)
-    got = collect(cfg, policy, 300, priorities=True)
+    got = collect(cfg, policy, 600, priorities=True)
     n, gamma = cfg.agent.n_step, cfg.agent.gamma
     discount = got["discount"]
     assert (discount == 0).sum() >= 20  # terminations
