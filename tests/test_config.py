@@ -38,7 +38,7 @@ def test_shipped_cartpole_config_loads() -> None:
     cfg = config.load(CARTPOLE_YAML)
     assert cfg.run.name == "cartpole_dqn"
     assert cfg.env.id == "CartPole-v1" and cfg.env.num_envs == 4
-    assert cfg.agent.hidden == [64, 64] and cfg.agent.n_step == 3
+    assert cfg.agent.hidden == [256, 256] and cfg.agent.n_step == 3
     assert cfg.replay.capacity == 50_000 and cfg.replay.prioritized is True
     assert cfg.trainer.stop_return == 475.0 and isinstance(cfg.trainer.stop_return, float)
     assert cfg.actor.n_buffer == 64
