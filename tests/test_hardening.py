@@ -179,7 +179,7 @@ def ports4() -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.parametrize("sets, named", [
     (("env.id=Acrobot-v1",), r"env.id: 'Acrobot-v1' here, 'CartPole-v1' at the learner"),
-    (("agent.hidden=[32, 32]",), r"agent.hidden: \[32, 32\] here, \[64, 64\] at the learner"),
+    (("agent.hidden=[32, 32]",), r"agent.hidden: \[32, 32\] here, \[256, 256\] at the learner"),
 ])
 def test_an_actor_whose_config_does_not_fit_exits_2_naming_both_sides(
         tmp_path: Path, procs: Procs, sets: tuple[str, ...], named: str) -> None:
