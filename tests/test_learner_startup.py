@@ -220,13 +220,15 @@ def test_the_learners_adam_matches_torch_and_skips_the_compiler() -> None:
 
 _EARLY_SIGNAL_SCRIPT = r'''
 import os, signal, sys
-from zmqrl.lifecycle import StopFlag, catch_stop_signals_early
+from zmqrl.lifecycle import StopFlag, catch_stop_signals_early, ignore_stop_signals
 catch_stop_signals_early()
 os.kill(os.getpid(), signal.SIGTERM)  # while "starting": remembered, not fatal
 with StopFlag() as stop:
     print(stop.set, stop.signal_name)
 os.kill(os.getpid(), signal.SIGTERM)  # after the loop, while closing: remembered again
 print("closed")
+ignore_stop_signals()  # the role's work is done: through the interpreter's shutdown
+os.kill(os.getpid(), signal.SIGTERM)
 sys.exit(0)
 '''
 

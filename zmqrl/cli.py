@@ -10,7 +10,7 @@ from collections.abc import Callable
 from zmqrl import config as config_mod
 from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config, ConfigError
-from zmqrl.lifecycle import catch_stop_signals_early
+from zmqrl.lifecycle import catch_stop_signals_early, ignore_stop_signals
 from zmqrl.record import setup_logging
 from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, endpoint
 from zmqrl.wire import SocketSetupError
@@ -189,8 +189,17 @@ ROLE_COMMANDS = ("learner", "proxy", "actor", "evaluator")  # processes that lau
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] and sys.argv[1] in ROLE_COMMANDS:  # a role process, from its start
+    role_process = argv is None and bool(sys.argv[1:2]) and sys.argv[1] in ROLE_COMMANDS
+    if role_process:  # stop signals are remembered from its start and ignored once its work is done
         catch_stop_signals_early()
+        try:
+            return _main(argv)
+        finally:
+            ignore_stop_signals()
+    return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -41,6 +41,16 @@ def catch_stop_signals_early() -> None:
         signal.signal(sig, _remember)
 
 
+def ignore_stop_signals() -> None:
+    """For a role process whose work is done: SIGINT/SIGTERM are ignored from here to its exit.
+
+    Python resets signals with a handler of its own to their default while it shuts down, so a
+    stop signal then would still kill the process; an ignored signal stays ignored.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class StopFlag:
     """Set by SIGINT/SIGTERM so a loop can finish its step and flush what it owes.
 
