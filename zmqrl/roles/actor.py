@@ -10,8 +10,9 @@ measured and kept off the per-step path: the model socket is polled every ``MODE
 every step; batches finished within ``SEND_LINGER_S`` of the last send go out together, because
 waking ZeroMQ's I/O thread for each message costs more than the rest of the sending; batches
 that go out together are assembled with one concatenation per field; priorities come from the
-values the policy computed when acting, where its algorithm can reuse them (DQN: no forward pass
-of their own, see :class:`~zmqrl.acting.ActingLoop`), else from one forward pass per batch (of
+values the policy computed when acting, where its algorithm can reuse them (a policy that is a
+:class:`~zmqrl.core.ReusesActingValues`: no forward pass of their own, see
+:class:`~zmqrl.acting.ActingLoop`), else from one forward pass per batch (of
 ``obs`` and ``next_obs`` together); and a header is filled into a template
 (:class:`~zmqrl.wire.sockets.BatchEncoder`) rather than built and checked anew.
 """
