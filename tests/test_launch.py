@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from netns import Lan, unavailable_reason
-from procs import REPO, Proc, Procs, log_tail, pids_with_arg, read_json
+from procs import REPO, Proc, Procs, log_tail, pids_with_arg, read_json, wait_for
 from zmqrl.roles.common import free_port
 
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
@@ -71,7 +71,10 @@ def test_role_scripts_train_together(tmp_path: Path, procs: Procs) -> None:
     run_dir = tmp_path / "run"
     procs.sweep_args.append(str(run_dir))
     ports = {k: free_port() for k in ("data", "model", "eval", "proxy")}
+    # No rate limiter: an actor that gets its first model late would find the others' warm-up data
+    # covering all 600 updates, and stay paused to the end.
     common = sets("run.seed=5", "trainer.warmup=300", "trainer.stop_return=null", "trainer.max_opts=600",
+                  "trainer.min_samples_per_insert=0",
                   "trainer.eval_interval=200", "trainer.eval_episodes=2", f"net.data_port={ports['data']}",
                   f"net.model_port={ports['model']}", f"net.eval_port={ports['eval']}")
     rd = str(run_dir)
@@ -83,6 +86,11 @@ def test_role_scripts_train_together(tmp_path: Path, procs: Procs) -> None:
     for i in (0, 1):
         start(f"actor-{i}", "actor.sh", ZMQRL_ACTOR_ID=str(i), ZMQRL_NUM_ACTORS="2",
               ZMQRL_PROXY=f"127.0.0.1:{ports['proxy']}", ZMQRL_LEARNER=f"127.0.0.1:{ports['model']}")
+    # Both actors wait for the first model before the learner starts, so one actor starting late on a
+    # busy machine cannot find the run already over (600 updates need only ~1,500 env steps).
+    actors = [procs[f"actor-{i}"] for i in (0, 1)]
+    wait_for(lambda: all("waiting for the first model" in a.text() for a in actors), 120,
+             "both actors to wait for the first model", procs.describe)
     start("proxy", "proxy.sh", ZMQRL_LEARNER=f"127.0.0.1:{ports['data']}",
           ZMQRL_PROXY_BIND=f"tcp://127.0.0.1:{ports['proxy']}")
     learner = start("learner", "learner.sh", ZMQRL_BIND_HOST="127.0.0.1")
@@ -125,6 +133,7 @@ def test_multihost_example(tmp_path: Path, procs: Procs, two_hosts: Lan | None) 
     run_dir = tmp_path / "run"
     procs.sweep_args.append(str(run_dir))
     train = sets("run.seed=5", "trainer.warmup=300", "trainer.stop_return=null", "trainer.max_opts=600",
+                 "trainer.min_samples_per_insert=0",  # (why: test_role_scripts_train_together)
                  "trainer.eval_interval=300", "trainer.eval_episodes=2")
     script = str(LAUNCH / "multihost_example.sh")
     if two_hosts is not None:  # each host its own address and ports; the learner binds every interface
@@ -140,10 +149,14 @@ def test_multihost_example(tmp_path: Path, procs: Procs, two_hosts: Lan | None) 
             return argv
     print(f"multihost_example.sh on {'two network namespaces' if two_hosts else 'loopback'}")
     head_env = script_env(ZMQRL_RUN_DIR=str(run_dir), **({} if two_hosts else {"ZMQRL_BIND_HOST": "127.0.0.1"}))
-    head = procs.start("head", on("learner", [*head_env, "bash", script, "head", *train, *ports]))
     host = procs.start("host", on("actors", [*script_env(ZMQRL_RUN_DIR=str(run_dir), LEARNER=learner_addr,
                                                          ACTORS="2", FIRST_ID="0", TOTAL_ACTORS="2"),
                                              "bash", script, "host", *train, *ports]))
+    # The head starts once both actors wait for the first model, so one actor starting late on a busy
+    # machine cannot find the run already over (600 updates need only ~1,500 env steps).
+    wait_for(lambda: all("waiting for the first model" in log_tail(run_dir / "logs" / f"actor-{i}.log", 200)
+                         for i in (0, 1)), 120, "both actors to wait for the first model", lambda: diag(procs, run_dir))
+    head = procs.start("head", on("learner", [*head_env, "bash", script, "head", *train, *ports]))
     rc = head.wait(timeout=240)
     assert rc == 0, f"the head part exited {rc}\n{diag(procs, run_dir)}"
     final = summary(run_dir)
