@@ -122,9 +122,9 @@ def register(sub: argparse._SubParsersAction, handlers: dict[str, Callable[[argp
     p.add_argument("--json", metavar="FILE", help="also write the rows as a JSON list to FILE")
     p.add_argument("--quick", action="store_true", help="shorter measurements, one seed")
     p.add_argument("--smoke", action="store_true", help="a plumbing check; figures not meaningful")
-    p.add_argument("--seeds", type=int, metavar="N", help="seeds for the solve rows (default 3; --quick 1)")
+    p.add_argument("--seeds", type=int, metavar="N", help="seeds for the solve rows (default 5; --quick 1)")
     p.add_argument("--solve-budget", type=float, metavar="S",
-                   help="seconds shared by the capped zmqrl solve runs of each config (default 330; --quick 60)")
+                   help="seconds shared by the capped zmqrl solve runs of each config (default 600; --quick 60)")
     p.add_argument("--actor-rate", type=float, metavar="T",
                    help="learner row: transitions/s each simulated actor offers while not paused (default 5000)")
     p.add_argument("--sb3", action="store_true",
