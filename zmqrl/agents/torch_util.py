@@ -85,12 +85,26 @@ def _skip_compiler_wrappers(*owners: object) -> None:
                     pass
 
 
+def _fused_kernel_fits(params: list[Any]) -> bool:
+    """Whether torch has a fused Adam kernel for every one of ``params`` (tensors or param groups)."""
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
+    devices = set(_get_fused_kernels_supported_devices())
+    return bool(tensors) and all(t.is_floating_point() and t.device.type in devices for t in tensors)
+
+
 class Adam(torch.optim.Adam):
-    """``torch.optim.Adam`` with the same update and state, whose ``step`` does not import the compiler.
+    """``torch.optim.Adam`` with the same update and state, whose ``step`` does not import the compiler,
+    using torch's fused kernel where it has one.
 
     The stock ``step`` imports ``torch._dynamo`` on every call (a no-op after the first, but the
     first costs about 1.1 s of CPU) only to mark graph breaks for ``torch.compile``. This ``step``
     runs the same update under ``no_grad``; state dicts and checkpoints are those of the stock class.
+
+    Unless ``fused`` or ``foreach`` is given, the update is torch's fused kernel (one call for all
+    parameters; on CPU the stock class loops over them): 400 -> 150 us a step for the CartPole
+    network, 370 -> 425 CartPole DQN updates/s in all.
     """
 
     _ready = False
@@ -102,6 +116,9 @@ class Adam(torch.optim.Adam):
 
             _skip_compiler_wrappers(optimizer_mod.Optimizer, torch.optim.Adam, adam_mod)
             Adam._ready = True
+        params = list(params)
+        if "fused" not in kwargs and "foreach" not in kwargs and not kwargs.get("differentiable"):
+            kwargs["fused"] = _fused_kernel_fits(params)
         super().__init__(params, **kwargs)
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
