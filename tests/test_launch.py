@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,15 @@ def summary(run_dir: Path) -> dict[str, Any]:
 def diag(procs: Procs, run_dir: Path) -> str:
     logs = "\n".join(f"--- {p.name}\n{log_tail(p, 12)}" for p in sorted((run_dir / "logs").glob("*.log")))
     return f"{procs.describe(25)}\n{logs}"
+
+
+def both_actors_wait_for_a_model(log: Callable[[int], str]) -> bool:
+    """Whether actors 0 and 1 have logged that they wait for the first model (``log(i)``: actor i's log).
+
+    The learner starts only then, so one actor starting late on a busy machine cannot find the
+    run already over (600 updates need only ~1,500 env steps).
+    """
+    return all("waiting for the first model" in log(i) for i in (0, 1))
 
 
 def test_every_script_parses() -> None:
@@ -86,10 +95,7 @@ def test_role_scripts_train_together(tmp_path: Path, procs: Procs) -> None:
     for i in (0, 1):
         start(f"actor-{i}", "actor.sh", ZMQRL_ACTOR_ID=str(i), ZMQRL_NUM_ACTORS="2",
               ZMQRL_PROXY=f"127.0.0.1:{ports['proxy']}", ZMQRL_LEARNER=f"127.0.0.1:{ports['model']}")
-    # Both actors wait for the first model before the learner starts, so one actor starting late on a
-    # busy machine cannot find the run already over (600 updates need only ~1,500 env steps).
-    actors = [procs[f"actor-{i}"] for i in (0, 1)]
-    wait_for(lambda: all("waiting for the first model" in a.text() for a in actors), 120,
+    wait_for(lambda: both_actors_wait_for_a_model(lambda i: procs[f"actor-{i}"].text()), 120,
              "both actors to wait for the first model", procs.describe)
     start("proxy", "proxy.sh", ZMQRL_LEARNER=f"127.0.0.1:{ports['data']}",
           ZMQRL_PROXY_BIND=f"tcp://127.0.0.1:{ports['proxy']}")
@@ -152,10 +158,8 @@ def test_multihost_example(tmp_path: Path, procs: Procs, two_hosts: Lan | None) 
     host = procs.start("host", on("actors", [*script_env(ZMQRL_RUN_DIR=str(run_dir), LEARNER=learner_addr,
                                                          ACTORS="2", FIRST_ID="0", TOTAL_ACTORS="2"),
                                              "bash", script, "host", *train, *ports]))
-    # The head starts once both actors wait for the first model, so one actor starting late on a busy
-    # machine cannot find the run already over (600 updates need only ~1,500 env steps).
-    wait_for(lambda: all("waiting for the first model" in log_tail(run_dir / "logs" / f"actor-{i}.log", 200)
-                         for i in (0, 1)), 120, "both actors to wait for the first model", lambda: diag(procs, run_dir))
+    wait_for(lambda: both_actors_wait_for_a_model(lambda i: log_tail(run_dir / "logs" / f"actor-{i}.log", 200)),
+             120, "both actors to wait for the first model", lambda: diag(procs, run_dir))
     head = procs.start("head", on("learner", [*head_env, "bash", script, "head", *train, *ports]))
     rc = head.wait(timeout=240)
     assert rc == 0, f"the head part exited {rc}\n{diag(procs, run_dir)}"
