@@ -86,9 +86,12 @@ def _skip_compiler_wrappers(*owners: object) -> None:
 
 
 def _fused_kernel_fits(params: list[Any]) -> bool:
-    """Whether torch has a fused Adam kernel for every one of ``params`` (tensors or param groups)."""
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
+    """Whether torch has a fused Adam kernel for every one of ``params`` (tensors or param groups);
+    a torch that does not say which devices it has kernels for gets the stock update."""
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+    except ImportError:
+        return False
     tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
     devices = set(_get_fused_kernels_supported_devices())
     return bool(tensors) and all(t.is_floating_point() and t.device.type in devices for t in tensors)
