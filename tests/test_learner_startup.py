@@ -243,3 +243,33 @@ def test_a_role_signalled_while_starting_or_closing_exits_with_its_own_code() ->
     control = subprocess.run([sys.executable, "-c", _EARLY_SIGNAL_SCRIPT.replace("catch_stop_signals_early()", "")],
                              capture_output=True, text=True, timeout=60)
     assert control.returncode == -signal.SIGTERM, "without it the signal kills the process (the positive control)"
+
+
+_TERM_WHILE_IMPORTING = r'''
+import importlib.abc, os, runpy, signal, sys
+
+class TermOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "zmqrl.config":  # one of the role entry point's own imports
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+sys.meta_path.insert(0, TermOnImport())
+sys.argv = ["zmqrl", *sys.argv[1:]]
+runpy.run_module("zmqrl.cli", run_name="__main__")
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_role_signalled_while_importing_its_entry_point_exits_with_its_own_code(tmp_path: Path) -> None:
+    """A launcher's stop signal can come while ``python -m zmqrl.cli ROLE`` still imports its modules
+    (Slurm cancelling a job just after a restart): the role stops at its first step and exits 0."""
+    args = ["evaluator", "--set", "net.peer_wait_s=5", "--learner", "127.0.0.1:1", "--run-dir", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-c", _TERM_WHILE_IMPORTING, *args], capture_output=True, text=True,
+                          timeout=90)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "received SIGTERM while starting" in done.stderr, done.stderr[-2000:]
+    control = subprocess.run([sys.executable, "-c", _TERM_WHILE_IMPORTING, "config"], capture_output=True,
+                             text=True, timeout=90)
+    assert control.returncode == -signal.SIGTERM, "a command that is not a role dies by it (the positive control)"

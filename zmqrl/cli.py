@@ -7,13 +7,25 @@ import logging
 import sys
 from collections.abc import Callable
 
-from zmqrl import config as config_mod
-from zmqrl.checkpoint import CheckpointError
-from zmqrl.config import Config, ConfigError
 from zmqrl.lifecycle import catch_stop_signals_early, ignore_stop_signals
-from zmqrl.record import setup_logging
-from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, endpoint
-from zmqrl.wire import SocketSetupError
+
+ROLE_COMMANDS = ("learner", "proxy", "actor", "evaluator")  # processes that launchers start and stop
+
+
+def _role_process(argv: list[str] | None) -> bool:
+    """Whether this is a role's own process (``zmqrl ROLE ...`` from the command line)."""
+    return argv is None and len(sys.argv) > 1 and sys.argv[1] in ROLE_COMMANDS
+
+
+if __name__ == "__main__" and _role_process(None):  # ``python -m zmqrl.cli ROLE``, as launchers start roles:
+    catch_stop_signals_early()  # before the imports below (0.2 s), in which a stop signal would kill it
+
+from zmqrl import config as config_mod  # noqa: E402
+from zmqrl.checkpoint import CheckpointError  # noqa: E402
+from zmqrl.config import Config, ConfigError  # noqa: E402
+from zmqrl.record import setup_logging  # noqa: E402
+from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, endpoint  # noqa: E402
+from zmqrl.wire import SocketSetupError  # noqa: E402
 
 log = logging.getLogger("zmqrl")
 
@@ -185,12 +197,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     return parser, handlers
 
 
-ROLE_COMMANDS = ("learner", "proxy", "actor", "evaluator")  # processes that launchers start and stop
-
-
 def main(argv: list[str] | None = None) -> int:
-    role_process = argv is None and bool(sys.argv[1:2]) and sys.argv[1] in ROLE_COMMANDS
-    if role_process:  # stop signals are remembered from its start and ignored once its work is done
+    if _role_process(argv):  # stop signals are remembered from its start and ignored once its work is done
         catch_stop_signals_early()
         try:
             return _main(argv)
