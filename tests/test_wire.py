@@ -33,6 +33,7 @@ from zmqrl.wire import (
     WireError,
     bound_address,
     check_batch,
+    check_batch_spec,
     decode,
     drain_latest_model,
     encode,
@@ -355,6 +356,30 @@ def test_meta_rules() -> None:
     with pytest.raises(WireError) as info:
         encode(STATS, sender="s", incarnation="i", seq=0, meta={"obj": object()})
     assert info.value.reason == "meta"
+
+
+SPEC = {"obs": (np.dtype(np.float32), (4,)), "action": (np.dtype(np.int64), ())}
+
+
+@pytest.mark.parametrize(("arrays", "reason"), [
+    ({"obs": np.zeros((3, 4), np.float32), "action": np.zeros(3, np.int64)}, None),
+    ({"obs": np.zeros((3, 4), np.float32), "action": np.zeros(3, np.int64), "priority": np.ones(3, np.float32)}, None),
+    ({"obs": np.zeros((3, 4), np.float32)}, "schema"),  # a field missing
+    ({"obs": np.zeros((3, 4), np.float32), "action": np.zeros(3, np.int64), "x": np.zeros(3)}, "schema"),  # extra
+    ({"obs": np.zeros((3, 4), np.float64), "action": np.zeros(3, np.int64)}, "schema"),  # dtype
+    ({"obs": np.zeros((3, 5), np.float32), "action": np.zeros(3, np.int64)}, "schema"),  # item shape
+    ({"obs": np.zeros((3, 4), np.float32), "action": np.zeros(2, np.int64)}, "shape"),  # unequal lengths
+    ({"obs": np.zeros((3, 4), np.float32), "action": np.array(1, np.int64)}, "shape"),  # no batch dimension
+    ({"obs": np.zeros((3, 4), np.float32), "action": np.zeros(3, np.int64), "priority": np.ones(3)}, "schema"),
+])
+def test_check_batch_spec_accepts_exactly_the_runs_batches(arrays: dict[str, np.ndarray], reason: str | None) -> None:
+    msg = decode([bytes(f) for f in encode(BATCH, sender="s", incarnation="i", seq=0, arrays=arrays)])
+    if reason is None:
+        assert check_batch_spec(msg, SPEC) == 3
+        return
+    with pytest.raises(WireError) as info:
+        check_batch_spec(msg, SPEC)
+    assert info.value.reason == reason
 
 
 def test_check_batch_rules() -> None:

@@ -149,8 +149,8 @@ def _check_header(header: object, limits: Limits) -> tuple[dict[str, Any], list[
     version = header.get("v")
     if not _is_int(version) or version not in SUPPORTED_VERSIONS:
         raise WireError("version", f"protocol version {_short(version)}, supported {sorted(SUPPORTED_VERSIONS)}")
-    keys = set(header)
-    if keys != HEADER_FIELDS:
+    if header.keys() != HEADER_FIELDS:
+        keys = set(header)
         missing, extra = sorted(HEADER_FIELDS - keys), sorted(keys - HEADER_FIELDS)
         raise WireError("header", f"header fields wrong (missing {missing}, unexpected {_short(extra)})")
     kind = header["kind"]
@@ -259,20 +259,15 @@ def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
     """
     header, views, specs = _validate(frames, limits)
     arrays: dict[str, np.ndarray] = {}
-    for (name, dtype, shape, _), view in zip(specs, views[1:], strict=True):
-        array = np.frombuffer(view, dtype=dtype).reshape(shape)
-        array.flags.writeable = False
+    nbytes = 0
+    for (name, dtype, shape, size), view in zip(specs, views[1:], strict=True):
+        array = np.ndarray(shape, dtype, view)  # (one call: frombuffer + reshape cost twice as much)
+        if not view.readonly:  # a received frame's view already is
+            array.flags.writeable = False
         arrays[name] = array
-    return Message(
-        kind=header["kind"],
-        sender=header["sender"],
-        incarnation=header["inc"],
-        seq=header["seq"],
-        version=header["ver"],
-        arrays=arrays,
-        meta=header["meta"],
-        nbytes=sum(spec[3] for spec in specs),
-    )
+        nbytes += size
+    return Message(header["kind"], header["sender"], header["inc"], header["seq"], header["ver"], arrays,
+                   header["meta"], nbytes)
 
 
 def _json_default(value: object) -> Any:
@@ -358,6 +353,26 @@ BatchSpec = Mapping[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, p
 OPTIONAL_FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {"priority": (np.dtype(np.float32), ())}
 
 
+def _fits_spec(msg: Message, spec: BatchSpec) -> int | None:
+    """A batch's length when it fits ``spec`` exactly (the common case, checked in one pass); else None."""
+    if msg.kind != BATCH or not msg.arrays:
+        return None
+    n, required = -1, 0
+    for key, array in msg.arrays.items():
+        want = spec.get(key)
+        if want is not None:
+            required += 1
+        else:
+            want = OPTIONAL_FIELDS.get(key)
+            if want is None:
+                return None
+        shape = array.shape
+        if not shape or array.dtype != want[0] or shape[1:] != want[1] or (n >= 0 and shape[0] != n):
+            return None
+        n = shape[0]
+    return n if required == len(spec) else None
+
+
 def check_batch_spec(msg: Message, spec: BatchSpec) -> int:
     """Check a BATCH against the run's batch spec (every field of ``spec``, plus the optional
     ``priority``; each dtype and per-item shape exact); return its length.
@@ -365,7 +380,10 @@ def check_batch_spec(msg: Message, spec: BatchSpec) -> int:
     A message can pass every other check and still not be this run's data (another env, a
     stray script): it raises WireError("schema") naming the field, before it reaches replay.
     """
-    n = check_batch(msg)
+    n = _fits_spec(msg, spec)
+    if n is not None:
+        return n
+    n = check_batch(msg)  # something does not fit: find what, and say it
     keys, expected = set(msg.arrays), set(spec)
     missing, extra = sorted(expected - keys), sorted(keys - expected - set(OPTIONAL_FIELDS))
     if missing or extra:
