@@ -38,11 +38,20 @@ def test_search_doubles_until_the_learner_falls_behind_then_bisects() -> None:
     assert best is not None and 100_000 <= best.ingest_s <= 120_000
 
 
+def test_each_step_is_judged_against_the_silent_windows_around_it() -> None:
+    result = fanin.Fanin(8, 2, 2, idle_opt_s=100.0)
+    slow = fanin.Step(25_000, 80.0, 25_000, 1.0, reference=85.0)  # the machine slowed: 0.94x of its neighbours
+    assert result.kept(slow) and not result.kept(fanin.Step(25_000, 80.0, 25_000, 1.0))  # control: 0.8x of 100
+    assert not result.kept(fanin.Step(25_000, 80.0, 25_000, 1.0, reference=100.0))
+
+
 @pytest.mark.timeout(240)
 def test_small_fanin_run(tmp_path: Path) -> None:
     ctx = harness.Context(harness.Settings.preset("smoke"), tmp_path)
     result = fanin.measure(ctx, 8, proxies=2, processes=2)
     assert result.idle_opt_s > 0 and result.steps
+    assert len(result.idle_windows) == len(result.steps) + 1  # a silent window before and after each step
+    assert all(st.reference > 0 for st in result.steps)
     assert result.actors == 8 and result.proxies_seen == 2  # every sender accounted, every proxy reported
     assert result.rejected == 0 and result.lost == 0
     assert result.batches > 0 and result.inserted == 64 * result.batches
@@ -57,3 +66,13 @@ def test_small_fanin_run(tmp_path: Path) -> None:
         assert row.ratio is not None and row.ratio > 0 and row.met is not None, row
     assert rows[0].baseline == fanin.GOAL_RATE and rows[0].goal == ">= 1"
     assert "0 rejected, 0 lost" in rows[0].note
+
+
+@pytest.mark.timeout(240)
+def test_intake_row_times_every_queued_batch_into_replay(tmp_path: Path) -> None:
+    ctx = harness.Context(harness.Settings.preset("smoke"), tmp_path)
+    row = fanin.intake_row(ctx)  # (raises unless all 5 x 100 batches went in, none rejected)
+    assert row.name == "fanin_intake_us_per_batch" and row.goal == "<= 1"
+    assert row.baseline == pytest.approx(1e6 * (1 - fanin.KEEP) * 64 / fanin.GOAL_RATE)  # 64 us
+    assert row.measured is not None and 1.0 < row.measured < 10_000, row  # CPU time was counted
+    assert "from 64 senders" in row.note

@@ -100,7 +100,7 @@ def test_a_junk_first_batch_cannot_fix_what_replay_stores(tmp_path: Path, cartpo
         assert summary["messages"]["rejected"]["schema"] == 2 and summary["messages"]["rejected_total"] == 2
     finally:
         push.close(linger=0)
-        learner._close()
+        learner.close()
 
 
 def test_an_absurd_priority_is_clamped_and_counted_and_sampling_stays_proportional(
@@ -126,7 +126,7 @@ def test_an_absurd_priority_is_clamped_and_counted_and_sampling_stays_proportion
         assert learner.summary_extra()["priorities"]["clamped"] == 64
     finally:
         push.close(linger=0)
-        learner._close()
+        learner.close()
 
 
 def test_a_flood_of_new_sender_names_is_refused_and_memory_stays_flat(tmp_path: Path, cartpole_cfg: Any,
@@ -161,7 +161,7 @@ def test_a_flood_of_new_sender_names_is_refused_and_memory_stays_flat(tmp_path: 
         assert rss_after_second - rss_after_first < 20 * 1024, (rss_after_first, rss_after_second)
     finally:
         push.close(linger=0)
-        learner._close()
+        learner.close()
 
 
 # ------------------------------------------------------------------------- roles that do not fit

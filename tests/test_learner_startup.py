@@ -168,7 +168,7 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_al
         assert actor is not None and actor.transitions == 4 * 64
         assert learner.book.env_steps == 64 * 5  # from the stats of the newest batch that went in
     finally:
-        learner._close()
+        learner.close()
 
 
 def test_roles_and_the_launcher_do_not_import_torch() -> None:

@@ -37,6 +37,7 @@ from zmqrl.bench.harness import (
     Procs,
     Row,
     child_config,
+    child_result,
     cpu_seconds,
     free_addr,
     load_arrays,
@@ -71,6 +72,8 @@ RATE_MAX = 400_000.0  # offered rates double up to this
 SATURATED = 0.8  # taking in less than this share of the offer: offering more gains nothing
 OVERRIDES = (LIMITER_OFF,)  # the learner's summaries (the figures read) come at its default net.stats_interval_s
 SEQ = b'"seq":0,'  # where a pre-encoded header's sequence number goes
+INTAKE_SENDERS = 64  # the intake row's senders (names, incarnations, sequences the learner accounts)
+INTAKE_PASSES = 5
 
 
 # ------------------------------------------------------------------------------------- helper processes
@@ -82,6 +85,49 @@ def learn(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     learner = prefilled_learner(cfg, Path(p["run_dir"]), load_arrays(p["pool"]), (p["data"], p["model"], p["eval"]))
     summary = learner.run(stop)
     return {k: summary.get(k) for k in ("opt_steps", "transitions_inserted", "wall_s")}
+
+
+def intake(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
+    """Helper process: the learner's intake alone, timed on its thread. The real Learner (replay
+    prefilled, not training) takes ``p["batches"]`` queued batches from ``p["senders"]`` senders (each
+    its own name, incarnation, sequence and actor meta) off its data socket into replay, ``INTAKE_PASSES``
+    times; returns its thread's CPU per batch in each pass."""
+    cfg = learner_config(Path(p["config"]), *p["overrides"])
+    pool = load_arrays(p["pool"])
+    anywhere = f"tcp://{HOST}:*"
+    learner = prefilled_learner(cfg, Path(p["run_dir"]), pool, (anywhere, anywhere, anywhere))
+    n_buffer, batches, senders = cfg.actor.n_buffer, int(p["batches"]), int(p["senders"])
+    incarnations = [new_incarnation() for _ in range(senders)]
+    ctx = zmq.Context(io_threads=1)
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 0)  # queue a whole pass before it is timed
+    push.connect(learner.endpoints["data"])
+    per_batch: list[float] = []
+    try:
+        for n in range(INTAKE_PASSES):
+            for k in range(n * batches, (n + 1) * batches):
+                i, seq = k % senders, k // senders
+                lo = ((i * 997 + seq * 61) * n_buffer) % (len(pool["reward"]) - n_buffer)
+                batch = {key: pool[key][lo:lo + n_buffer] for key in (*TRANSITION_KEYS, "priority")}
+                push.send_multipart(encode(
+                    BATCH, sender=f"fanin-{i}", incarnation=incarnations[i], seq=seq, version=learner.book.version,
+                    arrays=batch, meta=actor_meta(i, seq, n_buffer, learner.book.version, learner.incarnation,
+                                                  1.0 + seq)))
+            target, cpu, deadline = learner.batches + batches, 0.0, time.monotonic() + 60.0
+            while learner.batches < target and not stop.set:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"the learner took in {learner.batches - target + batches} of {batches} "
+                                     f"batches within 60s")
+                started = time.thread_time()
+                learner.ingest(timeout=0.05)  # (waiting in poll costs the thread no CPU)
+                cpu += time.thread_time() - started
+            per_batch.append(cpu / batches)
+    finally:
+        push.close(linger=0)
+        ctx.term()
+        learner.close()
+    return {"per_batch_s": per_batch, "batches": learner.batches, "rejected": learner.rejected_total(),
+            "actors": len(learner.peers.actors)}
 
 
 class _Sender:
@@ -215,6 +261,7 @@ class Step:
     ingest_s: float
     seconds: float
     cpu: dict[str, float] = field(default_factory=dict)  # cores used: learner thread, learner, proxies, senders
+    reference: float = 0.0  # idle opt steps/s around this window (the silent windows just before and after)
 
     def opt_per_cpu(self) -> float:
         """Opt steps per CPU-second of the learner's thread: what it does with the CPU it gets."""
@@ -243,8 +290,15 @@ class Fanin:
 
     idle: Step | None = None
 
+    idle_windows: list[Step] = field(default_factory=list)  # the first idle window, then one after each step
+
+    def reference(self, step: Step) -> float:
+        """The idle opt steps/s a step is judged against: its neighbours' where measured (the machine's
+        other load drifts over a run by more than the 10% judged), else the first idle window's."""
+        return step.reference or self.idle_opt_s
+
     def kept(self, step: Step) -> bool:
-        return step.opt_s >= KEEP * self.idle_opt_s
+        return step.opt_s >= KEEP * self.reference(step)
 
     def best(self) -> Step | None:
         """The kept step with the most transitions taken in."""
@@ -420,9 +474,18 @@ def measure(c: Context, senders: int, proxies: int = PROXIES, processes: int = P
                     "timeout_s": 900.0})
             bench.ready(processes, 60.0 + senders * 0.5)
             idle = bench.window(0.0, settle, s.fanin_window_s)
-            result = Fanin(senders, proxies, processes, idle.opt_s, idle=idle)
+            result = Fanin(senders, proxies, processes, idle.opt_s, idle=idle, idle_windows=[idle])
             result.rss_start = rss_bytes(learner.popen.pid) or 0
-            _search(lambda rate: bench.window(rate, settle, s.fanin_window_s), result, s.fanin_refine)
+
+            def step(rate: float) -> Step:
+                """A window at ``rate`` between two silent ones, judged against their mean."""
+                loaded = bench.window(rate, settle, s.fanin_window_s)
+                after = bench.window(0.0, settle, s.fanin_window_s)
+                loaded.reference = (result.idle_windows[-1].opt_s + after.opt_s) / 2
+                result.idle_windows.append(after)
+                return loaded
+
+            _search(step, result, s.fanin_refine)
             result.rss_end = rss_bytes(learner.popen.pid) or 0
             result.sockets = open_sockets(learner.popen.pid)
             bench.offer(0.0)
@@ -458,14 +521,17 @@ def projected(r: Fanin) -> float | None:
 
 def _detail(r: Fanin, n_buffer: int) -> str:
     idle = r.idle or Step(0.0, r.idle_opt_s, 0.0, 0.0)
-    steps = "; ".join(f"{st.offered / 1000:,.1f}k -> {st.ingest_s:,.0f} at {st.opt_s / r.idle_opt_s:.2f}x "
+    steps = "; ".join(f"{st.offered / 1000:,.1f}k -> {st.ingest_s:,.0f} at {st.opt_s / r.reference(st):.2f}x "
                       f"(thread {st.cpu.get('learner thread', 0):.2f} core, "
                       f"{st.opt_per_cpu() / idle.opt_per_cpu():.2f}x per thread CPU-s)" for st in r.steps)
     busiest = max(r.steps, key=lambda st: st.ingest_s) if r.steps else idle
     cpu = ", ".join(f"{k} {v:.2f}" for k, v in busiest.cpu.items())
     ahead = projected(r)
+    silent = sorted(w.opt_s for w in r.idle_windows) or [r.idle_opt_s]
     return (f"idle {r.idle_opt_s:,.0f} opt steps/s (senders connected, silent; learner thread "
-            f"{idle.cpu.get('learner thread', 0):.2f} core); offered/s -> taken in/s at opt steps/s vs idle: {steps}; "
+            f"{idle.cpu.get('learner thread', 0):.2f} core; {len(silent)} silent windows {silent[0]:,.0f}-"
+            f"{silent[-1]:,.0f}); offered/s -> taken in/s at opt steps/s vs the mean of the silent windows just "
+            f"before and after (per thread CPU-s: vs the first): {steps}; "
             f"cores used at {busiest.offered:,.0f} offered: {cpu}"
             + (f"; the learner thread, on a core of its own, would keep {KEEP:g}x up to ~{ahead:,.0f} transitions/s "
                f"(projected from its CPU per opt step)" if ahead else "")
@@ -514,6 +580,34 @@ def rows(c: Context, results: list[Fanin]) -> list[Row]:
     return out
 
 
+def intake_row(c: Context) -> Row:
+    """The learner thread's CPU per batch taken in, against what the goal leaves it: at ``GOAL_RATE``
+    transitions/s of ``actor.n_buffer``-transition batches, taking them in may cost the thread at most
+    ``1 - KEEP`` of its time (the rest is for optimising)."""
+    path = c.configs(CONFIG)[0]
+    cfg = learner_config(path, *OVERRIDES)
+    n_buffer, batches = cfg.actor.n_buffer, c.settings.intake_batches
+    out = c.path("fanin-intake.json")
+    with Procs(c.logs) as procs:
+        proc = procs.child("fanin-intake-learner", intake, {
+            "config": str(path), "overrides": list(OVERRIDES), "pool": str(_pool(c, cfg)),
+            "run_dir": str(c.path("fanin-intake")), "batches": batches, "senders": INTAKE_SENDERS, "out": str(out)})
+        result = child_result(proc, out, 300.0)
+    taken, expected = int(result["batches"]), INTAKE_PASSES * batches
+    if taken != expected or result["rejected"]:
+        raise BenchError(f"the intake helper took in {taken} of {expected} batches, {result['rejected']} rejected")
+    passes = sorted(1e6 * x for x in result["per_batch_s"])
+    budget = 1e6 * (1.0 - KEEP) * n_buffer / GOAL_RATE
+    return make_row(
+        "fanin_intake_us_per_batch", passes[len(passes) // 2], budget, "us",
+        f"the learner thread's CPU per {n_buffer}-transition batch from its data socket into replay (receive, "
+        f"decode, header and batch checks, sequence, insert, accounting), median of {len(passes)} passes of "
+        f"{batches} queued batches from {result['actors']} senders with actors' meta (passes "
+        f"{passes[0]:.1f}-{passes[-1]:.1f} us); the budget: at the goal's {GOAL_RATE:,.0f} transitions/s in "
+        f"{n_buffer}-transition batches ({GOAL_RATE / n_buffer:,.0f}/s), taking them in may use {1 - KEEP:.0%} of "
+        f"the learner's thread; {path.name}", ("<=", 1.0))
+
+
 def run(c: Context) -> list[Row]:
-    """One learner run per sender count in ``settings.fanin``."""
-    return rows(c, [measure(c, n) for n in c.settings.fanin])
+    """The learner's intake cost, then one learner run per sender count in ``settings.fanin``."""
+    return [intake_row(c), *rows(c, [measure(c, n) for n in c.settings.fanin])]

@@ -143,6 +143,7 @@ class Settings:
     fanin: tuple[int, ...] = (64, 256)  # fanin rows: connected senders, one learner run each
     fanin_window_s: float = 4.0  # fanin: seconds per measured window (idle, each offered rate): summaries 2 s apart
     fanin_refine: int = 2  # fanin: bisection steps between the last offered rate kept and the first not kept
+    intake_batches: int = 1000  # fanin: batches per timed pass of the learner's intake (5 passes)
     sb3: bool = False
     sb3_python: str = ""
     config: Path | None = None  # --config: measure with this config instead of each group's own
@@ -154,11 +155,12 @@ class Settings:
         if mode == "quick":
             base = cls(mode="quick", reps=1, actor_reps=2, actor_s=1.5, small_messages=5000, large_messages=100,
                        learner_s=4.0, settle_s=1.5, publishes=20, scaling_window_s=5.0, startup_reps=1, seeds=1,
-                       solve_budget_s=60.0, fanin_window_s=2.0, fanin_refine=1)
+                       solve_budget_s=60.0, fanin_window_s=2.0, fanin_refine=1, intake_batches=500)
         elif mode == "smoke":
             base = cls(mode="smoke", reps=1, actor_reps=1, actor_s=0.5, small_messages=300, large_messages=20,
                        learner_s=1.0, settle_s=1.0, publishes=5, publish_gap_s=0.05, scaling=(1,), scaling_window_s=0.0,
-                       startup_reps=1, seeds=1, solve_budget_s=14.0, fanin=(8,), fanin_window_s=1.0, fanin_refine=0)
+                       startup_reps=1, seeds=1, solve_budget_s=14.0, fanin=(8,), fanin_window_s=1.0, fanin_refine=0,
+                       intake_batches=100)
         elif mode == "full":
             base = cls()
         else:

@@ -352,7 +352,7 @@ class Learner:
         try:
             return self._loop(stop)
         except BaseException:
-            self._close()
+            self.close()
             raise
 
     def _loop(self, stop: StopFlag) -> dict[str, Any]:
@@ -404,10 +404,11 @@ class Learner:
         summary = self.book.finish(self.summary_extra())
         print_run_table(summary, self.dir, "learner summary")
         self.publish(new_version=False, done=self.book.stop_reason or "finished")
-        self._close(linger_ms=1000)  # the last message leaves before the context goes
+        self.close(linger_ms=1000)  # the last message leaves before the context goes
         return summary
 
-    def _close(self, linger_ms: int = 0) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the sockets and the context, sending nothing more (``finish`` is the clean stop)."""
         if self.ctx.closed:
             return
         for link in self.links:
