@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-MAX_BLOCK = 256  # leaves per block; a sample touches one block per draw
+MAX_BLOCK = 64  # leaves per block. A draw scans one block, an update re-sums the blocks it touches, and a
+# search walks every block's sum: 64 costs least for batches of 32-256 over 50k-1M items (CartPole's
+# sample + update of 64 over 50k: 328 -> 246 us a step against 256 leaves a block)
 MAX_LEAF = float(np.finfo(np.float32).max)  # largest leaf value: larger ones would be stored as inf
 
 
