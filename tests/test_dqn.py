@@ -16,7 +16,7 @@ from zmqrl.agents.dqn.agent import DQNAgent, DQNPolicy
 from zmqrl.agents.dqn.config import DQNConfig
 from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.staging import BatchStager
-from zmqrl.agents.torch_util import resolve_device
+from zmqrl.agents.torch_util import clip_gradients, resolve_device
 from zmqrl.config import ConfigError
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
@@ -225,6 +225,28 @@ def test_no_clipping_when_max_grad_norm_is_zero() -> None:
     grads = [p.grad for p in agent.q.parameters() if p.grad is not None]
     total = float(torch.norm(torch.stack([g.norm() for g in grads])))
     assert total == pytest.approx(metrics["grad_norm"], rel=1e-5) and total > 10
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.5, 1e9])
+def test_clip_gradients_is_torchs_clip_bit_for_bit(max_norm: float) -> None:
+    """Our lean clip against ``nn.utils.clip_grad_norm_``: the same norm and the same gradients,
+    exactly, clipping (0.5), not needing to (1e9) and not asked to (0)."""
+    torch.manual_seed(0)
+    nets = [torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2)) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    x = torch.randn(32, 4)
+    for net in nets:
+        (net(x) ** 2).sum().mul(100.0).backward()
+    ours = clip_gradients(nets[0], max_norm)
+    if max_norm > 0:
+        theirs = torch.nn.utils.clip_grad_norm_(nets[1].parameters(), max_norm)
+    else:
+        theirs = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in nets[1].parameters()]))
+    assert float(theirs) > 1.0 and torch.equal(ours, theirs)
+    for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    clipped = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in nets[0].parameters()])))
+    assert clipped == pytest.approx(0.5, rel=1e-4) if max_norm == 0.5 else clipped == pytest.approx(float(ours))
 
 
 # ---------------------------------------------------------------- target network

@@ -40,11 +40,26 @@ def load_module_params(module: nn.Module, params: Mapping[str, np.ndarray], pref
     module.load_state_dict({k[len(prefix):]: torch.from_numpy(np.array(v, copy=True)) for k, v in mine.items()})
 
 
+@torch.no_grad()
 def clip_gradients(module: nn.Module, max_norm: float) -> torch.Tensor:
-    """The global norm of ``module``'s gradients, clipped to ``max_norm`` first (0 disables clipping)."""
+    """The global norm of ``module``'s gradients, clipped to ``max_norm`` first (0 disables clipping).
+
+    The same arithmetic as ``nn.utils.clip_grad_norm_`` (one norm per tensor, the norm of those,
+    every gradient times ``min(max_norm / (norm + 1e-6), 1)``, no host sync), without its grouping by
+    device and dtype, which costs more than the arithmetic for a small network: 150 -> 90 us for
+    CartPole's. Gradients on several devices or dtypes take torch's function.
+    """
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    if len({(g.device, g.dtype) for g in grads}) > 1 or not hasattr(torch, "_foreach_norm"):
+        if max_norm > 0:
+            return nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+        return torch.norm(torch.stack([g.norm() for g in grads]))
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     if max_norm > 0:
-        return nn.utils.clip_grad_norm_(module.parameters(), max_norm)
-    return torch.norm(torch.stack([p.grad.norm() for p in module.parameters() if p.grad is not None]))
+        torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    return total
 
 
 @torch.no_grad()
