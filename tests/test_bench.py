@@ -318,7 +318,8 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari", "actor_cartpole_dqn",
                 "actor_pendulum_sac", "actor_pong_dqn", "cnn_learner_b32_cpu",
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
-                "transport_atari_64_direct", "learner_opt_steps", "fanin_intake_us_per_batch", "broadcast_1mb", "broadcast_10mb", "startup_s",
+                "transport_atari_64_direct", "learner_opt_steps", "fanin_intake_us_per_batch",
+                "broadcast_1mb", "broadcast_10mb", "startup_s",
                 "scaling_1_actors", "scaling_halfcheetah_sac_local_vs_bare", "solve_cartpole_dqn_local_vs_train",
                 "solve_pendulum_sac_local_vs_train", "solve_cartpole_dqn_env_steps_local_vs_train",
                 "solve_pendulum_sac_env_steps_local_vs_train"}
