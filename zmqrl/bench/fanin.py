@@ -79,6 +79,12 @@ INTAKE_PASSES = 5
 # ------------------------------------------------------------------------------------- helper processes
 
 
+def _pool_batch(pool: dict[str, np.ndarray], slot: int, n_buffer: int) -> dict[str, np.ndarray]:
+    """``n_buffer`` consecutive transitions (with priorities) of ``pool``, from a place ``slot`` picks."""
+    lo = (slot * n_buffer) % (len(pool["reward"]) - n_buffer)
+    return {k: pool[k][lo:lo + n_buffer] for k in (*TRANSITION_KEYS, "priority")}
+
+
 def learn(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     """Helper process: the real Learner, replay prefilled, bound at ``p``'s addresses, until stopped."""
     cfg = learner_config(Path(p["config"]), *p["overrides"])
@@ -107,12 +113,11 @@ def intake(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
         for n in range(INTAKE_PASSES):
             for k in range(n * batches, (n + 1) * batches):
                 i, seq = k % senders, k // senders
-                lo = ((i * 997 + seq * 61) * n_buffer) % (len(pool["reward"]) - n_buffer)
-                batch = {key: pool[key][lo:lo + n_buffer] for key in (*TRANSITION_KEYS, "priority")}
+                version = learner.book.version
                 push.send_multipart(encode(
-                    BATCH, sender=f"fanin-{i}", incarnation=incarnations[i], seq=seq, version=learner.book.version,
-                    arrays=batch, meta=actor_meta(i, seq, n_buffer, learner.book.version, learner.incarnation,
-                                                  1.0 + seq)))
+                    BATCH, sender=f"fanin-{i}", incarnation=incarnations[i], seq=seq, version=version,
+                    arrays=_pool_batch(pool, i * 997 + seq * 61, n_buffer),
+                    meta=actor_meta(i, seq, n_buffer, version, learner.incarnation, 1.0 + seq)))
             target, cpu, deadline = learner.batches + batches, 0.0, time.monotonic() + 60.0
             while learner.batches < target and not stop.set:
                 if time.monotonic() > deadline:
@@ -146,8 +151,7 @@ class _Sender:
 
     def prepare(self, pool: dict[str, np.ndarray], n_buffer: int) -> None:
         """Encode this sender's batch once (after its first model); only ``seq`` changes per message."""
-        lo = (self.index * 997 * n_buffer) % (len(pool["reward"]) - n_buffer)
-        batch = {k: pool[k][lo:lo + n_buffer] for k in (*TRANSITION_KEYS, "priority")}
+        batch = _pool_batch(pool, self.index * 997, n_buffer)
         meta = actor_meta(self.index, 0, n_buffer, self.version, self.tracker.incarnation, 1.0)
         frames = encode(BATCH, sender=self.name, incarnation=self.inc, seq=0, version=self.version, arrays=batch,
                         meta=meta)
