@@ -100,14 +100,20 @@ def test_same_name_different_config_says_how_they_differ(runs: dict[str, Path], 
 @pytest.mark.slow
 def test_a_local_run_is_not_a_seed_of_a_train_run(runs: dict[str, Path], tmp_path: Path) -> None:
     """Same config, run by zmqrl local: its own group, and both labels say how each ran."""
-    cfg = config.load(REPO / "configs" / "cartpole_dqn.yaml", SHORT + ["run.seed=0"])
-    run_local(cfg, actors=2, run_dir=tmp_path / "local")  # actor.num_actors=2: the default a train run has
+    # The evaluator runs beside the learner, so a 200-update budget can end before its first report;
+    # stop_return=0 ends the run at that report instead (every CartPole return is at least 1).
+    cfg = config.load(REPO / "configs" / "cartpole_dqn.yaml",
+                      SHORT + ["run.seed=0", "trainer.max_opts=1000000", "trainer.stop_return=0"])
+    summary = run_local(cfg, actors=2, run_dir=tmp_path / "local")  # actor.num_actors=2: a train run's default
+    assert summary["stop_reason"] == "evaluation reached stop_return=0.0"
     local = read_run(tmp_path / "local")
     assert local.mode == "local" and read_run(runs["s0"]).mode == "train"
     assert len(local.evals.y) >= 1 and np.all(np.isfinite(local.evals.x["env_steps"]))
     out = tmp_path / "both.png"
     groups = plot_runs([runs["s0"], tmp_path / "local"], out, x="wall_s")
-    assert [g.label for g in groups] == ["cartpole_dqn (zmqrl train, seed 0)", "cartpole_dqn (zmqrl local, seed 0)"]
+    assert [g.label for g in groups] == [
+        "cartpole_dqn (zmqrl train, trainer.max_opts=200, trainer.stop_return=None, seed 0)",
+        "cartpole_dqn (zmqrl local, trainer.max_opts=1000000, trainer.stop_return=0.0, seed 0)"]
     assert png_size(out) == (1080, 900)
 
 
