@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from zmqrl.config import ConfigError
 from zmqrl.roles.common import endpoint, free_port
@@ -164,7 +165,7 @@ class Watched:
 
     def __init__(self, ctx: zmq.Context, address: str, origin: str = "--proxy") -> None:
         note_origin(address, origin)
-        self.sock = make_socket(ctx, zmq.PUSH, SocketOptions.push(), connect=address)
+        self.sock = make_socket(ctx, zmq.PUSH, SocketOptions.push(), connect=address, watch=True)
         self.link = LinkMonitor(self.sock, "actor-0", f"to proxy {address}")
         self.started = time.monotonic()
 
@@ -334,6 +335,64 @@ def test_monitor_is_quiet_about_a_peer_that_answers(ctx: zmq.Context, caplog: py
     finally:
         watched.close()
         pull.close(linger=0)
+
+
+def test_a_link_is_one_connection_and_its_loss_is_reported(ctx: zmq.Context,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The link is made up before its LinkMonitor exists (a role's startup can take that long), then its
+    peer goes: one connection was made, and its loss is logged. Connecting again once a monitor listens
+    (as LinkMonitor once did) left libzmq's first connection up beside the new one, the loss of one of
+    them unlogged and every message of a PUB sent twice."""
+    caplog.set_level(logging.INFO, logger="zmqrl")
+    pull = make_socket(ctx, zmq.PULL, SocketOptions.pull(), bind="tcp://127.0.0.1:*")
+    address = pull.getsockopt(zmq.LAST_ENDPOINT).decode()
+    peer = pull.get_monitor_socket(zmq.EVENT_ACCEPTED)  # the connections made to it
+    note_origin(address, "--proxy")
+    push = make_socket(ctx, zmq.PUSH, SocketOptions.push(), connect=address, watch=True)
+    accepted = 0
+
+    def peer_events() -> None:
+        nonlocal accepted
+        while peer.poll(0):
+            accepted += recv_monitor_message(peer)["event"] == zmq.EVENT_ACCEPTED
+
+    wait_for(lambda: _sent(push, b"first"), 10.0, "the connection up (a send goes through)")
+    link = LinkMonitor(push, "actor-0", f"to proxy {address}")
+    try:
+        assert pull.poll(5000) and pull.recv(zmq.NOBLOCK) == b"first"
+        wait_for(lambda: link.poll() or link.up == 1, 10.0, "the handshake seen")
+        assert link.peers == 1 and not link.down and "actor-0: link to proxy" in caplog.text
+        wait_for(lambda: peer_events() or accepted, 10.0, "the connection accepted")
+        pull.close(linger=0)
+        wait_for(lambda: link.poll() or link.down, 10.0, "the loss seen", diag=lambda: caplog.text)
+        peer_events()
+        assert (accepted, link.up, link.drops, link.peers) == (1, 1, 1, 0)
+        assert len(warnings(caplog, f"actor-0: link to proxy {address} lost")) == 1
+    finally:
+        link.close()
+        peer.close(linger=0)
+        push.close(linger=0)
+
+
+def test_a_link_needs_a_socket_watched_from_its_start(ctx: zmq.Context) -> None:
+    """Events before a monitor starts are lost for good, so LinkMonitor refuses a socket that connected
+    without one (a control: the same socket made with watch=True is accepted)."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    late = make_socket(ctx, zmq.PUSH, SocketOptions.push(), connect=address)
+    with pytest.raises(ValueError, match=r"actor-0: the socket for the link to proxy .* watch=True"):
+        LinkMonitor(late, "actor-0", f"to proxy {address}")
+    late.close(linger=0)
+    watched = make_socket(ctx, zmq.PUSH, SocketOptions.push(), connect=address, watch=True)
+    LinkMonitor(watched, "actor-0", f"to proxy {address}").close()
+    watched.close(linger=0)
+
+
+def _sent(sock: zmq.Socket, data: bytes) -> bool:
+    try:
+        sock.send(data, zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        return False
 
 
 def _ipv6_loopback() -> bool:

@@ -128,9 +128,9 @@ class Actor:
         self.ctx = new_context(cfg.net)
         self.proxy_addr, self.model_addr = proxy_addr, model_addr
         push_opts = options(cfg.net, SocketOptions.push(sndhwm=cfg.actor.send_hwm), data_path=True)
-        self.push = make_socket(self.ctx, zmq.PUSH, push_opts, connect=proxy_addr)
+        self.push = make_socket(self.ctx, zmq.PUSH, push_opts, connect=proxy_addr, watch=True)
         self.sub = make_socket(self.ctx, zmq.SUB, options(cfg.net, SocketOptions.sub(limits(cfg.net, MODEL))),
-                               connect=model_addr)
+                               connect=model_addr, watch=True)
         self.model_limits = limits(cfg.net, MODEL)
         self.links = [LinkMonitor(self.sub, self.name, f"to learner models {model_addr}"),
                       LinkMonitor(self.push, self.name, f"to proxy {proxy_addr}")]

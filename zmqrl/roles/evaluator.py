@@ -55,8 +55,9 @@ class Evaluator:
         self.model_addr, self.report_addr = model_addr, report_addr
         self.model_limits = limits(cfg.net, MODEL)
         self.sub = make_socket(self.ctx, zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)),
-                               connect=model_addr)
-        self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push()), connect=report_addr)
+                               connect=model_addr, watch=True)
+        self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push()), connect=report_addr,
+                                watch=True)
         self.versions = VersionTracker()
         self.links = [LinkMonitor(self.sub, "evaluator", f"to learner models {model_addr}"),
                       LinkMonitor(self.push, "evaluator", f"to learner reports {report_addr}")]

@@ -130,10 +130,11 @@ class Learner:
         net = cfg.net
         self.data = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, BATCH, STATS, HELLO),
                                                                                      rcvhwm=64), data_path=True),
-                                 bind=bind_data)
+                                 bind=bind_data, watch=True)
         self.evals = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, EVAL))),
                                  bind=bind_eval)
-        self.pub = make_socket(self.ctx, zmq.XPUB, options(net, SocketOptions.pub()), bind=bind_model)
+        self.pub = make_socket(self.ctx, zmq.XPUB, options(net, SocketOptions.pub()), bind=bind_model,
+                               watch=True)
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.endpoints = {"data": bound_address(self.data), "model": bound_address(self.pub),
                           "eval": bound_address(self.evals)}

@@ -67,10 +67,10 @@ class Proxy:
         self.limits = limits(cfg.net, BATCH, HELLO)
         self.ctx = new_context(cfg.net)
         self.pull = make_socket(self.ctx, zmq.PULL, options(cfg.net, SocketOptions.pull(self.limits), data_path=True),
-                                bind=bind_addr)
+                                bind=bind_addr, watch=True)
         self.bind_addr = bound_address(self.pull)
         self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push(sndhwm=64), data_path=True),
-                                connect=learner_addr)
+                                connect=learner_addr, watch=True)
         self.learner_addr = learner_addr
         self.links = [LinkMonitor(self.push, name, f"to learner {learner_addr}"),
                       LinkMonitor(self.pull, name, f"from actors on {self.bind_addr}")]

@@ -11,6 +11,9 @@ socket's monitor events into log lines an operator can act on and counters for t
   on links with heartbeats ZeroMQ drops a silent peer after ``HEARTBEAT_TIMEOUT``;
 * handshakes that fail (CURVE keys, not a ZeroMQ peer).
 
+Make the socket with ``make_socket(..., watch=True)``: its monitor then starts before it connects, so
+the first attempt's events are seen (a connect nobody answers may make no other for minutes).
+
 Call :meth:`LinkMonitor.poll` from the socket's owning loop, a few times a second (and at least every
 few minutes: ZeroMQ's I/O thread waits when a monitor's queue is full).
 """
@@ -22,6 +25,7 @@ import logging
 import socket
 import threading
 import time
+import weakref
 from typing import Any
 
 import zmq
@@ -42,6 +46,14 @@ _ATTEMPT = zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED
 _WATCHED = _UP | _DOWN | _FAILED | _ATTEMPT | zmq.EVENT_CONNECT_RETRIED
 
 _ORIGINS: dict[str, str] = {}
+_WATCHED_FROM_START: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()
+
+
+def watch_from_start(sock: zmq.Socket) -> None:
+    """Start ``sock``'s monitor now, before it binds or connects (``make_socket(..., watch=True)`` does):
+    the :class:`LinkMonitor` made for it later reads every event from the first."""
+    sock.get_monitor_socket(_WATCHED)  # pyzmq keeps it and gives the same one to LinkMonitor
+    _WATCHED_FROM_START.add(sock)
 
 
 def note_origin(address: str, origin: str) -> None:
@@ -92,12 +104,18 @@ class LinkMonitor:
     """Watches one socket; ``name`` says whose link it is (e.g. "actor-0") and ``address`` what it is
     (e.g. "to learner models tcp://10.0.0.1:5556").
 
-    Make it right after the socket, before anything is sent: a socket connected to an address noted
-    with :func:`note_origin` is connected again here, so that the first attempt's events are seen.
+    A socket that connects must be made with ``make_socket(..., watch=True)``: events from before its
+    monitor started are gone, the first connect attempt's among them, and that may be the only one.
+    (Connecting again once the monitor listens is no way out: libzmq 4.3 can leave the first
+    connection up beside the new one, and a subscriber then receives every model twice.)
     """
 
     def __init__(self, sock: zmq.Socket, name: str, address: str) -> None:
         self.name, self.address = name, address
+        last = _text(sock.getsockopt(zmq.LAST_ENDPOINT))
+        if last and sock not in _WATCHED_FROM_START:
+            raise ValueError(f"{name}: the socket for the link {address} is bound or connected already and was "
+                             "not made with make_socket(..., watch=True): its first events are lost")
         self._mon = sock.get_monitor_socket(_WATCHED)
         self.retry_s = int(sock.getsockopt(zmq.RECONNECT_IVL_MAX) or sock.getsockopt(zmq.RECONNECT_IVL)) / 1000
         self.up = 0
@@ -118,13 +136,7 @@ class LinkMonitor:
         self._report_at = self._waiting_since + GRACE_S
         self._reported = False  # a waiting line went out since the link was last up
         self._lookup: _Lookup | None = None
-        last = _text(sock.getsockopt(zmq.LAST_ENDPOINT))
         if last in _ORIGINS:  # it connects to an address from a flag or config
-            # Events from before the monitor started are lost, the first attempt's among them, and that
-            # may be the only one (a connect nobody answers waits minutes): connect again, now that the
-            # monitor listens. Nothing was sent yet: roles make a link's monitor with its socket.
-            sock.disconnect(last)
-            sock.connect(last)
             self._endpoint = last
             self._lookup = _new_lookup(last)  # look its host up now, in the background
 

@@ -37,6 +37,7 @@ import numpy as np
 import zmq
 
 from .codec import Frame, decode, encode
+from .monitor import watch_from_start
 from .protocol import (
     BATCH,
     DEFAULT_COPY_THRESHOLD,
@@ -133,8 +134,11 @@ def make_socket(
     *,
     bind: str | None = None,
     connect: str | None = None,
+    watch: bool = False,
 ) -> zmq.Socket:
     """Create a socket of ``kind`` with all ``opts`` set, then bind and/or connect it.
+
+    ``watch``: start its monitor first, for the :class:`~zmqrl.wire.monitor.LinkMonitor` made next.
 
     Raises :class:`SocketSetupError` naming the address if bind/connect fails
     (address in use, malformed address...).  Bind to ``tcp://127.0.0.1:*`` (or
@@ -191,6 +195,8 @@ def make_socket(
     except BaseException:
         sock.close(linger=0)
         raise
+    if watch:
+        watch_from_start(sock)
     action, address = "bind", bind
     try:
         if bind is not None:
@@ -199,6 +205,8 @@ def make_socket(
             action, address = "connect", connect
             sock.connect(connect)
     except zmq.ZMQError as exc:
+        if watch:
+            sock.get_monitor_socket().close(linger=0)
         sock.close(linger=0)
         raise SocketSetupError(f"cannot {action} {_socket_name(kind)} socket to {address!r}: {exc}") from exc
     return sock
