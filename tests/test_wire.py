@@ -336,6 +336,24 @@ def test_shape_rules(shape: Any) -> None:
     assert _reason(_with_header(frames, arrays=[["x", "|u1", shape]])) == "shape"
 
 
+def test_a_layout_decoded_before_is_checked_as_strictly() -> None:
+    """Array layouts are remembered once valid; a header that only equals one in Python's eyes
+    (``true`` or ``1.0`` for 1, an entry with more fields, a shape as a string) or a caller with
+    stricter limits is checked in full and refused, as on first sight."""
+    from zmqrl.wire import codec
+
+    frames = _valid_frames(x=np.zeros((1, 2), np.uint8))
+    decode(frames)
+    decode(frames)
+    assert (("x", "|u1", 1, 2),) in codec._SPECS_SEEN
+    for bad in ([["x", "|u1", [True, 2]]], [["x", "|u1", [1.0, 2]]], [["x", "|u1", [1, 2], "more"]],
+                [["x", "|u1", "\x01\x02"]], [{"x": 1, "|u1": 2, "1": 3}]):
+        assert _reason(_with_header(frames, arrays=bad)) in ("shape", "header"), bad
+    assert _reason(frames, Limits(max_message_bytes=1)) == "size"
+    assert _reason(frames, Limits(max_frames=1)) == "frames"
+    assert decode(frames, Limits(max_message_bytes=2)).arrays["x"].shape == (1, 2)
+
+
 def test_size_rules() -> None:
     frames = _valid_frames(x=np.zeros(8, np.float32))
     assert _reason([frames[0], frames[1][:-1]]) == "size"
