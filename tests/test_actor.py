@@ -15,7 +15,7 @@ from zmqrl.agents.dqn.numpy_policy import mlp_param_shapes
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.actor import MODEL_POLL_S, Actor
-from zmqrl.roles.common import free_port
+from zmqrl.roles.common import Every, free_port
 from zmqrl.wire import BATCH, Message, SocketOptions, decode, encode_model, make_socket
 
 LEARNER_INC = "learner-test-inc"
@@ -115,6 +115,26 @@ def test_every_finished_batch_is_sent_in_order(rig: Rig) -> None:
     # priorities are the policy's, for the transitions as sent (checked on the last batch: same model)
     last = msgs[-1]
     np.testing.assert_allclose(last.arrays["priority"], rig.actor.policy.priorities(last.arrays), rtol=1e-5)
+
+
+@pytest.mark.parametrize("interval_s", [3600.0, 0.0])
+def test_all_stats_ride_on_one_batch_per_interval(rig: Rig, interval_s: float) -> None:
+    """Every batch carries its env steps; the other counters go on the first batch and then on
+    one per ``net.stats_interval_s`` (0: every batch, the control)."""
+    rig.actor.send_linger_s = 0.0
+    rig.actor._full_stats = Every(interval_s, now=True)
+    rig.start()
+    rig.actor.run(rig.stop, max_env_steps=1000)
+    msgs = rig.received()
+    check_stream(msgs, rig)
+    steps = [m.meta["stats"]["env_steps"] for m in msgs]
+    assert steps == sorted(steps) and 0 < steps[0] and steps[-1] <= rig.actor.stats.env_steps
+    full = [i for i, m in enumerate(msgs) if set(m.meta["stats"]) > {"env_steps"}]
+    if interval_s:
+        assert full == [0] and all(set(m.meta["stats"]) == {"env_steps"} for m in msgs[1:])
+        assert {"host", "episodes", "blocked_s", "model_updates"} <= set(msgs[0].meta["stats"])
+    else:
+        assert full == list(range(len(msgs))) and len(msgs) >= 10
 
 
 def test_batches_finished_within_the_linger_go_out_together(rig: Rig) -> None:

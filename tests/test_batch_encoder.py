@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zmqrl.wire import BATCH, Limits, WireError, decode, encode
+from zmqrl.wire import BATCH, Limits, WireError, decode, encode, pack
 from zmqrl.wire import sockets as wire_sockets
 from zmqrl.wire.sockets import BatchEncoder
 
@@ -54,6 +54,25 @@ def test_frames_equal_encode_for_a_stream_of_batches() -> None:
     assert msg.meta == meta(41)
     for name, array in batch(70, seed=41).items():
         np.testing.assert_array_equal(msg.arrays[name], array)
+
+
+def test_small_batches_leave_as_one_packed_frame() -> None:
+    """Below ``pack_below`` bytes of arrays a batch is ``pack`` of the frames ``encode`` makes (one
+    frame, the same message once decoded); at or above it, the frames themselves (zero-copy)."""
+    small, large = batch(64, seed=1), batch(4096, seed=2)
+    small_bytes = sum(a.nbytes for a in small.values())
+    encoder = BatchEncoder(SENDER, INC, pack_below=small_bytes + 1)
+    for seq in range(3):  # the first through encode, the others from the template
+        (frame,) = frames_of(encoder, seq, 7, small, meta(seq))
+        assert frame == pack(reference(seq, 7, small, meta(seq)))
+        msg = decode([frame])
+        assert (msg.seq, msg.meta) == (seq, meta(seq))
+        for name, array in small.items():
+            np.testing.assert_array_equal(msg.arrays[name], array)
+    assert encoder.fast == 2
+    assert frames_of(encoder, 3, 7, large, meta(3)) == reference(3, 7, large, meta(3))
+    exact = BatchEncoder(SENDER, INC, pack_below=small_bytes)
+    assert len(exact.encode(0, 7, small, meta(0))) == 1 + len(small)
 
 
 @pytest.mark.parametrize("arrays", [

@@ -52,13 +52,16 @@ from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import Every, limits, options, read_json
 from zmqrl.wire import (
     BATCH,
+    DEFAULT_COPY_THRESHOLD,
     MODEL,
+    BatchEncoder,
     SocketOptions,
     VersionTracker,
     drain_latest_model,
     encode,
     make_socket,
     new_incarnation,
+    pack,
     send_frames,
 )
 
@@ -103,7 +106,10 @@ def intake(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     anywhere = f"tcp://{HOST}:*"
     learner = prefilled_learner(cfg, Path(p["run_dir"]), pool, (anywhere, anywhere, anywhere))
     n_buffer, batches, senders = cfg.actor.n_buffer, int(p["batches"]), int(p["senders"])
-    incarnations = [new_incarnation() for _ in range(senders)]
+    # as actors send them: packed when small, all their stats on one batch per stats interval at the goal's rate
+    encoders = [BatchEncoder(f"fanin-{i}", new_incarnation(), pack_below=DEFAULT_COPY_THRESHOLD)
+                for i in range(senders)]
+    full_every = max(1, round(GOAL_RATE / n_buffer / senders * cfg.net.stats_interval_s))
     ctx = zmq.Context(io_threads=1)
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.SNDHWM, 0)  # queue a whole pass before it is timed
@@ -114,10 +120,9 @@ def intake(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
             for k in range(n * batches, (n + 1) * batches):
                 i, seq = k % senders, k // senders
                 version = learner.book.version
-                push.send_multipart(encode(
-                    BATCH, sender=f"fanin-{i}", incarnation=incarnations[i], seq=seq, version=version,
-                    arrays=_pool_batch(pool, i * 997 + seq * 61, n_buffer),
-                    meta=actor_meta(i, seq, n_buffer, version, learner.incarnation, 1.0 + seq)))
+                push.send_multipart(encoders[i].encode(
+                    seq, version, _pool_batch(pool, i * 997 + seq * 61, n_buffer),
+                    actor_meta(i, seq, n_buffer, version, learner.incarnation, 1.0 + seq, full=seq % full_every == 0)))
             target, cpu, deadline = learner.batches + batches, 0.0, time.monotonic() + 60.0
             while learner.batches < target and not stop.set:
                 if time.monotonic() > deadline:
@@ -162,7 +167,8 @@ class _Sender:
         self.prefix, self.suffix, self.arrays = before + b'"seq":', b"," + after, frames[1:]
 
     def frames(self) -> list[Any]:
-        return [self.prefix + str(self.seq).encode() + self.suffix, *self.arrays]
+        """This sender's next message, packed into one frame as an actor sends small batches."""
+        return [pack([self.prefix + str(self.seq).encode() + self.suffix, *self.arrays])]
 
     def close(self) -> None:
         self.push.close(linger=0)

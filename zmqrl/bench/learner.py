@@ -67,12 +67,15 @@ class Control:
 
 
 def actor_meta(index: int, sent: int, n_buffer: int, version: int, model_inc: str | None, wall: float,
-               blocked_s: float = 0.0, paused_s: float = 0.0) -> dict[str, Any]:
-    """The meta an actor puts on its ``sent``-th batch: three finished episodes and its counters."""
-    stats = {"env_steps": (sent + 1) * n_buffer, "episodes": 3 * (sent + 1), "batches": sent,
-             "transitions": sent * n_buffer, "bytes_sent": 0, "blocked_s": round(blocked_s, 3),
-             "paused_s": round(paused_s, 3), "model_updates": 1, "bad_models": 0, "wall_s": round(wall, 3),
-             "env_steps_per_s": (sent + 1) * n_buffer / max(wall, 1e-9)}
+               blocked_s: float = 0.0, paused_s: float = 0.0, full: bool = True) -> dict[str, Any]:
+    """The meta an actor puts on its ``sent``-th batch: three finished episodes and its counters
+    (all of them when ``full``, else ``env_steps`` alone: :meth:`~zmqrl.roles.actor.ActorStats.for_batch`)."""
+    stats: dict[str, Any] = {"env_steps": (sent + 1) * n_buffer}
+    if full:
+        stats.update({"host": "bench-host", "episodes": 3 * (sent + 1), "batches": sent,
+                      "transitions": sent * n_buffer, "bytes_sent": 0, "blocked_s": round(blocked_s, 3),
+                      "paused_s": round(paused_s, 3), "model_updates": 1, "bad_models": 0, "wall_s": round(wall, 3),
+                      "env_steps_per_s": (sent + 1) * n_buffer / max(wall, 1e-9)})
     return {"episodes": {"returns": [21.0, 17.0, 30.0], "lengths": [21, 17, 30]}, "actor": index,
             "max_version": version, "model_inc": model_inc, "explore": 0.4, "stats": stats}
 

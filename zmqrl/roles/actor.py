@@ -35,6 +35,7 @@ from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
 from zmqrl.wire import (
+    DEFAULT_COPY_THRESHOLD,
     MODEL,
     SUPPORTED_VERSIONS,
     BatchEncoder,
@@ -83,7 +84,9 @@ def lower_priority(nice: int) -> None:
 
 @dataclass
 class ActorStats:
-    """What an actor did (border's ``ActorStat``), sent along with every batch."""
+    """What an actor did (border's ``ActorStat``). Every batch carries ``env_steps`` (the learner
+    counts the run's env steps from it); all of it rides on one batch per ``net.stats_interval_s``
+    (see :meth:`for_batch`)."""
 
     env_steps: int = 0
     episodes: int = 0
@@ -104,6 +107,11 @@ class ActorStats:
                 "model_updates": self.model_updates,
                 "bad_models": self.bad_models, "wall_s": round(wall, 3),
                 "env_steps_per_s": self.env_steps / max(wall, 1e-9)}
+
+    def for_batch(self, full: bool) -> dict[str, Any]:
+        """The stats a batch carries: all of them when ``full``, else ``env_steps`` alone (the rest
+        on every batch was about a sixth of the learner's intake cost per CartPole batch)."""
+        return self.as_dict() if full else {"env_steps": self.env_steps}
 
 
 class Actor:
@@ -139,9 +147,10 @@ class Actor:
         self.version = -1
         self.paused = False
         self.seq = 0
-        self.encoder = BatchEncoder(self.name, self.incarnation)
+        self.encoder = BatchEncoder(self.name, self.incarnation, pack_below=DEFAULT_COPY_THRESHOLD)
         self.stats = ActorStats()
         self.ratelog = RateLimitedLog(log, interval=10.0)
+        self._full_stats = Every(cfg.net.stats_interval_s, now=True)
         self._pending: list[dict[str, np.ndarray]] = []  # transitions since the last batch, as built
         self._pending_n = 0
         self._versions: tuple[int, int] | None = None  # (min, max) model version acting for the pending batch
@@ -256,7 +265,7 @@ class Actor:
         """
         if not self._ready:
             return
-        stats = self.stats.as_dict()
+        stats = self.stats.for_batch(self._full_stats())
         outbox = []
         for i, (ready, arrays) in enumerate(zip(self._ready, self._arrays(), strict=True)):
             meta = {"episodes": {"returns": ready.returns, "lengths": ready.lengths}, "actor": self.index,

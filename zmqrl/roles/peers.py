@@ -26,16 +26,20 @@ def number(meta: dict[str, Any], key: str, default: float = 0.0) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
+_NUMBERS = frozenset((int, float))  # meta is parsed JSON: exact types (a bool is not a number here)
+
+
 def episodes(meta: dict[str, Any]) -> tuple[list[float], list[int]]:
     """Episode returns and lengths carried in a batch's meta, ignoring anything malformed."""
     ep = meta.get("episodes")
-    if not isinstance(ep, dict):
+    if type(ep) is not dict:
         return [], []
     returns, lengths = ep.get("returns"), ep.get("lengths")
-    if not (isinstance(returns, list) and isinstance(lengths, list) and len(returns) == len(lengths)):
+    if not (type(returns) is list and type(lengths) is list and len(returns) == len(lengths)):
         return [], []
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in returns + lengths):
-        return [], []
+    for x in returns + lengths:  # (a loop: half the cost of all() over a generator, on every batch)
+        if type(x) not in _NUMBERS:
+            return [], []
     return [float(r) for r in returns], [int(n) for n in lengths]
 
 

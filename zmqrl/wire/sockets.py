@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from .codec import Frame, decode, encode
+from .codec import Frame, decode, encode, pack
 from .monitor import watch_from_start
 from .protocol import (
     BATCH,
@@ -352,15 +352,29 @@ class BatchEncoder:
     ``limits``, and meta of plain JSON values, clearly within ``MAX_META_DEPTH`` (any other meta,
     e.g. with numpy scalars, goes through ``encode``). Buffers are views of the arrays, as with
     ``encode``: do not modify an array until its message is sent.
+
+    A batch whose arrays hold fewer than ``pack_below`` bytes leaves as one packed frame
+    (:func:`~zmqrl.wire.codec.pack`, a copy): for small batches every frame costs the receiver
+    more than copying it would (CartPole's 3 KB batch: 5.5 us to receive as one frame, 12.4 us
+    as seven).
     """
 
-    def __init__(self, sender: str, incarnation: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(self, sender: str, incarnation: str, limits: Limits = DEFAULT_LIMITS, pack_below: int = 0) -> None:
         self.sender, self.incarnation, self.limits = sender, incarnation, limits
+        self.pack_below = pack_below
         self._templates: dict[tuple[Any, ...], list[str] | None] = {}  # None: this layout always via encode
         self.fast = 0  # batches encoded from a template
 
     def encode(self, seq: int, version: int, arrays: Mapping[str, np.ndarray],
                meta: Mapping[str, Any]) -> list[bytes | memoryview]:
+        """Frames of one BATCH: what ``encode`` returns, or that packed into one frame when small."""
+        frames = self._frames(seq, version, arrays, meta)
+        if len(frames) > 1 and sum(memoryview(f).nbytes for f in frames[1:]) < self.pack_below:
+            return [pack(frames)]
+        return frames
+
+    def _frames(self, seq: int, version: int, arrays: Mapping[str, np.ndarray],
+                meta: Mapping[str, Any]) -> list[bytes | memoryview]:
         """Frames ``[header, buffer...]`` of one BATCH, equal to what ``encode`` returns."""
         values = [np.asarray(a) for a in arrays.values()]
         if not values or any(a.ndim == 0 or not a.flags.c_contiguous for a in values):
