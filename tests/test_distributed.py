@@ -126,6 +126,7 @@ def test_local_launcher_solves_cartpole(tmp_path: Path, procs: Procs) -> None:
     for name in ("actor-0", "actor-1"):
         assert name in actors, f"no per-actor stats for {name} in summary: {sorted(actors)}"
         assert actors[name]["batches"] > 0 and actors[name]["env_steps"] > 0, actors[name]
+        assert actors[name]["host"] and actors[name]["model_updates"] > 0, actors[name]  # (not on every batch)
         stats = read_json(run_dir / "roles" / f"{name}.json")
         assert stats is not None and stats["sent_seq"] > 0, f"roles/{name}.json: {stats}\n{diag()}"
 
@@ -142,7 +143,8 @@ def test_local_launcher_solves_cartpole(tmp_path: Path, procs: Procs) -> None:
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     needed = {"perf/env_steps_per_s", "perf/opt_steps_per_s", "perf/samples_per_insert", "perf/policy_lag_mean",
-              "perf/model_version", "perf/replay_size"}
+              "perf/model_version", "perf/replay_size", "perf/priority_max", "perf/priority_mean",
+              "perf/priorities_clamped"}
     assert needed <= tags, f"missing TensorBoard tags {sorted(needed - tags)}; have {sorted(tags)}"
 
     best = run_dir / "checkpoints" / "best"

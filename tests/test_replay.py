@@ -377,3 +377,20 @@ def test_replay_files_with_a_binary_tree_still_load(tmp_path: Path) -> None:
     np.savez(old, **arrays)
     with pytest.raises(ValueError, match="no 'priorities'"):
         PrioritizedReplay(6).load(str(old))
+
+
+def test_replay_values_report_stored_priorities_and_clamps() -> None:
+    """The learner's and ``zmqrl train``'s TensorBoard scalars of replay: size, and for prioritized
+    replay the largest and mean stored priority and the count of clamped raw priorities."""
+    from zmqrl.bookkeeping import replay_values
+
+    uniform = UniformReplay(10, seed=0)
+    uniform.add(make_batch(0, 4))
+    assert replay_values(uniform) == {"perf/replay_size": 4.0}
+    buf = PrioritizedReplay(10, alpha=1.0, eps=0.0, seed=0, priority_cap=100.0)
+    assert replay_values(buf) == {"perf/replay_size": 0.0}
+    buf.add(make_batch(0, 4), priorities=np.array([1.0, 2.0, 3.0, 500.0]))
+    values = replay_values(buf)
+    assert values["perf/replay_size"] == 4.0 and values["perf/priorities_clamped"] == 1.0
+    assert values["perf/priority_max"] == pytest.approx(100.0)
+    assert values["perf/priority_mean"] == pytest.approx((1 + 2 + 3 + 100) / 4)

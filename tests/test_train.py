@@ -108,7 +108,7 @@ def test_run_dir_tensorboard(short_run: tuple[Config, Config, Path, dict[str, An
         assert any(tag.startswith(family) for tag in tags), (family, sorted(tags))
     assert tags["eval/return_mean"] == [100, 200, 300]
     assert tags["train/loss"] == [50, 100, 150, 200, 250, 300]
-    for tag in ("train/epsilon", "train/q_mean", "perf/env_steps_per_s", "perf/opt_steps_per_s"):
+    for tag in ("train/epsilon", "train/q_mean", "perf/env_steps_per_s", "perf/opt_steps_per_s", "perf/priority_max"):
         assert tag in tags
 
 

@@ -58,6 +58,19 @@ def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, 
                        seed=cfg.run.seed + 7, frame_stack=frame_stack, schema=spec)
 
 
+def replay_values(replay: Any) -> dict[str, float]:
+    """TensorBoard scalars of a replay buffer: its size and, for prioritized replay, the largest
+    and mean stored priority and the raw priorities clamped so far (where Q values run away, the
+    priorities show it first)."""
+    values = {"perf/replay_size": float(len(replay))}
+    tree = getattr(replay, "tree", None)
+    if tree is not None and len(replay):
+        values["perf/priority_max"] = float(replay.max_priority)
+        values["perf/priority_mean"] = tree.total() / len(replay)
+        values["perf/priorities_clamped"] = float(replay.priorities_clamped)
+    return values
+
+
 def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:
     """Before touching anything: ``--resume`` needs a run directory with a readable latest checkpoint."""
     if not resume:

@@ -32,6 +32,7 @@ from zmqrl.bookkeeping import (
     make_replay_from,
     prepare_run_dir,
     read_resume_point,
+    replay_values,
     require_checkpoint,
 )
 from zmqrl.checkpoint import CheckpointError
@@ -144,8 +145,7 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, agent: Any, re
                 if priorities is not None:
                     replay.update_priorities(batch["indices"], priorities)
                 book.opt_step({**metrics, explore_tag: explore}, save=False,
-                              perf=lambda: {"perf/replay_size": float(len(replay)),
-                                            "perf/beta": float(getattr(replay, "beta", 1.0))})
+                              perf=lambda: {**replay_values(replay), "perf/beta": float(getattr(replay, "beta", 1.0))})
                 if book.eval_due():
                     returns, lengths = evaluator.run(agent.greedy)
                     book.evaluation(returns, lengths, version=book.opt_steps)

@@ -31,7 +31,14 @@ import zmq
 
 from zmqrl import __version__
 from zmqrl.acting import make_task
-from zmqrl.bookkeeping import Bookkeeper, make_replay_from, prepare_run_dir, read_resume_point, require_checkpoint
+from zmqrl.bookkeeping import (
+    Bookkeeper,
+    make_replay_from,
+    prepare_run_dir,
+    read_resume_point,
+    replay_values,
+    require_checkpoint,
+)
 from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config
 from zmqrl.core import Agent
@@ -312,8 +319,7 @@ class Learner:
         return self.limiter.ratio(self.book.opt_steps)
 
     def perf(self) -> dict[str, float]:
-        values = {"perf/replay_size": float(len(self.replay)),
-                  "perf/samples_per_insert": self.samples_per_insert(),
+        values = {**replay_values(self.replay), "perf/samples_per_insert": self.samples_per_insert(),
                   "perf/bytes_received": float(self.receiver.bytes),
                   "perf/rejected": float(self.rejected_total()), "perf/model_version": float(self.book.version)}
         values.update(self.peers.perf())
