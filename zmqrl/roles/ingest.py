@@ -42,8 +42,9 @@ from zmqrl.wire import (
 log = logging.getLogger("zmqrl")
 
 GROUP_BYTES = 1 << 20  # join batches into one replay.add up to this size (beyond it the copy costs more)
-COPY_BELOW = DEFAULT_COPY_THRESHOLD  # data messages expected smaller are received as bytes (actors pack
-# them into one frame): zero-copy frames cost more
+# data messages expected smaller than this are received as bytes (actors pack them into one frame):
+# zero-copy frames cost more
+COPY_BELOW = DEFAULT_COPY_THRESHOLD
 HINTS = {"version": " (the sender runs a zmqrl that speaks another protocol version: run one version everywhere)",
          "schema": " (the sender's config does not match this run's: env.id, env wrappers or agent.algo)"}
 

@@ -369,7 +369,7 @@ class BatchEncoder:
                meta: Mapping[str, Any]) -> list[bytes | memoryview]:
         """Frames of one BATCH: what ``encode`` returns, or that packed into one frame when small."""
         frames = self._frames(seq, version, arrays, meta)
-        if len(frames) > 1 and sum(memoryview(f).nbytes for f in frames[1:]) < self.pack_below:
+        if self.pack_below and len(frames) > 1 and sum(memoryview(f).nbytes for f in frames[1:]) < self.pack_below:
             return [pack(frames)]
         return frames
 
