@@ -216,6 +216,24 @@ def test_solve_rows_judge_the_median_and_the_slowest_seed() -> None:
     assert "4: 45.0 s/70,000" in solve._describe(fast) and "4: 45.0 s unsolved" in solve._describe(unsolved)
 
 
+def test_solve_notes_give_each_runs_largest_mean_q(tmp_path: Path) -> None:
+    """A diverged seed shows in the note: the largest train/q_mean of a real TensorBoard file."""
+    from zmqrl.record import TensorBoardRecorder
+
+    run_dir = tmp_path / "run"
+    recorder = TensorBoardRecorder(run_dir / "tb")
+    for step, q in ((200, 9.5), (400, 150_000.0), (600, 80.0)):
+        recorder.scalars(step, {"train/q_mean": q, "train/loss": 1e9})
+    recorder.close()
+    assert solve.largest_q(run_dir) == 150_000.0
+    assert solve.largest_q(tmp_path / "no-run") is None
+    runs = [solve.SolveRun("local", 0, 12.0, {"env_steps": 6000}, q_max=95.2),
+            solve.SolveRun("local", 1, 60.0, None, q_max=150_000.0)]
+    text = solve._describe(runs)
+    assert "per seed (s/env steps (largest mean Q)) 0: 12.0 s/6,000 (Q 95), 1: 60.0 s unsolved (Q 150,000)" in text
+    assert "largest mean Q" not in solve._describe([solve.SolveRun("sb3", 0, 9.0, None)])
+
+
 def test_sb3_is_optional(tmp_path: Path) -> None:
     ctx = harness.Context(bench.Settings(sb3=True, sb3_python=str(tmp_path / "no-python")), tmp_path)
     assert solve.sb3_interpreter(ctx) is None

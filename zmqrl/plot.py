@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,8 +77,9 @@ class Group:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _scalars(tb_dir: Path) -> dict[str, dict[int, float]]:
-    """``tag -> {step: value}`` for the tags plotted; a step recorded twice (a resumed run) keeps the last."""
+def read_scalars(tb_dir: Path, tags: Sequence[str] = TAGS) -> dict[str, dict[int, float]]:
+    """``tag -> {step: value}`` for ``tags`` (by default those plotted) found in a run's ``tb/``; a step
+    recorded twice (a resumed run) keeps the last."""
     if not tb_dir.is_dir():
         return {}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -87,7 +88,7 @@ def _scalars(tb_dir: Path) -> dict[str, dict[int, float]]:
     acc.Reload()
     present = set(acc.Tags().get("scalars", []))
     out: dict[str, dict[int, float]] = {}
-    for tag in TAGS:
+    for tag in tags:
         if tag in present:
             events = sorted(acc.Scalars(tag), key=lambda e: e.wall_time)
             out[tag] = {int(e.step): float(e.value) for e in events}
@@ -111,7 +112,7 @@ def read_run(path: str | Path) -> Run:
     path = require_run_dir(path)
     config = raw_config(path)
     summary = read_summary(path) or {}
-    scalars = _scalars(path / "tb")
+    scalars = read_scalars(path / "tb")
     by_opt = {int(e["opt_steps"]): e for e in summary.get("evals", []) if "opt_steps" in e}
     eval_table = scalars.get("eval/return_mean") or {k: float(e["return_mean"]) for k, e in by_opt.items()}
     steps = np.array(sorted(eval_table), dtype=np.float64)

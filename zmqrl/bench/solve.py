@@ -29,6 +29,7 @@ from zmqrl.bench.harness import (
     zmqrl_argv,
 )
 from zmqrl.config import Config
+from zmqrl.plot import read_scalars
 from zmqrl.roles.common import read_json
 
 CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml")
@@ -110,6 +111,7 @@ class SolveRun:
     wall_s: float
     solved: dict[str, Any] | None
     cap_s: float | None = None
+    q_max: float | None = None  # the largest mean Q the learner recorded (train/q_mean); None for SB3
 
 
 def _solve_once(c: Context, path: Path, tag: str, kind: str, seed: int, cap_s: float) -> SolveRun:
@@ -127,7 +129,17 @@ def _solve_once(c: Context, path: Path, tag: str, kind: str, seed: int, cap_s: f
     summary = read_json(run_dir / "summary.json")
     if summary is None:
         raise proc.failure(f"zmqrl {kind} exited with code {code} and no summary.json")
-    return SolveRun(kind, seed, wall, summary.get("solved"), cap_s)
+    return SolveRun(kind, seed, wall, summary.get("solved"), cap_s, largest_q(run_dir))
+
+
+def largest_q(run_dir: Path) -> float | None:
+    """The largest ``train/q_mean`` a run wrote to TensorBoard, or None without one.
+
+    Returns cap Q (near 100 on CartPole at gamma 0.99), so a value far past that marks a run whose
+    Q-values diverged: on CartPole that, more than slow learning, is what makes the slowest seeds.
+    """
+    values = read_scalars(run_dir / "tb", ("train/q_mean",)).get("train/q_mean", {}).values()
+    return max(values) if values else None
 
 
 def sb3_interpreter(c: Context) -> str | None:
@@ -169,8 +181,9 @@ def _describe(runs: list[SolveRun]) -> str:
     if steps:
         text += f", {median(steps):,.0f} env steps (range {min(steps):,.0f}-{max(steps):,.0f})"
     per = ", ".join(f"{r.seed}: {r.wall_s:.1f} s" + (f"/{_env_steps(r):,.0f}" if r.solved else " unsolved")
-                    for r in runs)
-    return f"{text}; per seed (s/env steps) {per}"
+                    + (f" (Q {r.q_max:,.0f})" if r.q_max is not None else "") for r in runs)
+    largest = " (largest mean Q)" if any(r.q_max is not None for r in runs) else ""
+    return f"{text}; per seed (s/env steps{largest}) {per}"
 
 
 def _median_steps(runs: list[SolveRun]) -> float | None:
