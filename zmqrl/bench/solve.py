@@ -136,7 +136,8 @@ def largest_q(run_dir: Path) -> float | None:
     """The largest ``train/q_mean`` a run wrote to TensorBoard, or None without one.
 
     Returns cap Q (near 100 on CartPole at gamma 0.99), so a value far past that marks a run whose
-    Q-values diverged: on CartPole that, more than slow learning, is what makes the slowest seeds.
+    Q-values diverged, one of the two ways a CartPole seed ends up slow (the other: slow learning
+    with Q in range).
     """
     values = read_scalars(run_dir / "tb", ("train/q_mean",)).get("train/q_mean", {}).values()
     return max(values) if values else None
