@@ -24,6 +24,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from zmqrl.config import ConfigError
+from zmqrl.roles import common
 from zmqrl.roles.common import endpoint, free_port
 from zmqrl.wire import SocketOptions, make_socket
 from zmqrl.wire import monitor as monitor_mod
@@ -105,6 +106,26 @@ def test_endpoint_refuses_naming_the_flag_and_value(addr: str, bind: bool, probl
     assert message.startswith(f"--proxy {addr.strip()!r}: "), message
     assert problem in message, message
     assert "\n" not in message
+
+
+@pytest.mark.skipif(common.ephemeral_ports() is None, reason="the kernel does not say its ephemeral ports")
+def test_free_ports_lie_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A port handed to a role cannot be taken by an outgoing connection (nor by a connection to it
+    that meets itself) before the role binds: it is outside the range connections take ports from."""
+    ephemeral = common.ephemeral_ports()
+    assert ephemeral is not None
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == 200 and all(10_000 <= p < ephemeral.start for p in ports)
+    with socket.socket() as s:  # and it binds
+        s.bind(("127.0.0.1", ports[-1]))
+    # the control: where the kernel does not say, ports come from port 0, which is in that range here
+    monkeypatch.setattr(common, "_EPHEMERAL_RANGE_FILE", tmp_path / "absent")
+    common.ephemeral_ports.cache_clear()
+    try:
+        assert common.ephemeral_ports() is None
+        assert all(free_port() in ephemeral for _ in range(20))
+    finally:
+        common.ephemeral_ports.cache_clear()
 
 
 def test_endpoint_names_the_config_key_a_bad_default_came_from() -> None:

@@ -6,10 +6,11 @@ import ipaddress
 import json
 import logging
 import os
+import random
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -140,21 +141,54 @@ def _check_port(port: str, where: str, bind: bool, note: str = "") -> str:
 
 
 _HANDED_OUT: set[tuple[str, int]] = set()
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PICKED = 10000  # below this, well-known and registered services
+
+
+@lru_cache(maxsize=1)
+def ephemeral_ports() -> range | None:
+    """The ports the kernel gives outgoing connections (Linux), or None where it does not say."""
+    try:
+        low, high = map(int, _EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return range(low, high + 1)
+
+
+def _candidates(host: str) -> Iterator[int]:
+    """Ports to try: random ones between 10000 and the ephemeral range where that is known and
+    room enough, then (or otherwise) whatever the kernel hands out for port 0."""
+    ephemeral = ephemeral_ports()
+    if ephemeral is not None and ephemeral.start - _LOWEST_PICKED >= 1000:
+        picker = random.Random()
+        for _ in range(1000):
+            yield picker.randrange(_LOWEST_PICKED, ephemeral.start)
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        yield port  # (closed first: the caller binds it again to check)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now on ``host`` (for launchers that hand ports to children).
 
     Never the same port twice in one process: the kernel may give a just-closed port out again,
-    and two roles told to bind one port would race for it.
+    and two roles told to bind one port would race for it. On Linux the port lies below the
+    ephemeral range, so no outgoing connection can take it before its role binds: not another
+    process's, and not a connection to it made early, which would otherwise connect to itself
+    once its source port happened to equal it (TCP's self-connect), leaving the port taken.
     """
-    for _ in range(1000):
+    for port in _candidates(host):
+        if (host, port) in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        if (host, port) not in _HANDED_OUT:
-            _HANDED_OUT.add((host, port))
-            return port
+            try:
+                s.bind((host, port))
+            except OSError:  # in use (or in TIME_WAIT) now
+                continue
+        _HANDED_OUT.add((host, port))
+        return port
     raise OSError(f"no free TCP port on {host} that this process has not handed out already")
 
 
