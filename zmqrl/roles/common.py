@@ -155,19 +155,15 @@ def ephemeral_ports() -> range | None:
     return range(low, high + 1)
 
 
-def _candidates(host: str) -> Iterator[int]:
-    """Ports to try: random ones between 10000 and the ephemeral range where that is known and
-    room enough, then (or otherwise) whatever the kernel hands out for port 0."""
+def _candidates() -> Iterator[int]:
+    """Ports to ask for: random ones between 10000 and the ephemeral range where that is known and
+    room enough, then (or otherwise) 0, whatever the kernel hands out."""
     ephemeral = ephemeral_ports()
     if ephemeral is not None and ephemeral.start - _LOWEST_PICKED >= 1000:
         picker = random.Random()
         for _ in range(1000):
             yield picker.randrange(_LOWEST_PICKED, ephemeral.start)
-    for _ in range(1000):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        yield port  # (closed first: the caller binds it again to check)
+    yield from (0 for _ in range(1000))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -179,16 +175,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     process's, and not a connection to it made early, which would otherwise connect to itself
     once its source port happened to equal it (TCP's self-connect), leaving the port taken.
     """
-    for port in _candidates(host):
-        if (host, port) in _HANDED_OUT:
-            continue
+    for wanted in _candidates():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
-                s.bind((host, port))
+                s.bind((host, wanted))
             except OSError:  # in use (or in TIME_WAIT) now
                 continue
-        _HANDED_OUT.add((host, port))
-        return port
+            port = int(s.getsockname()[1])
+        if (host, port) not in _HANDED_OUT:
+            _HANDED_OUT.add((host, port))
+            return port
     raise OSError(f"no free TCP port on {host} that this process has not handed out already")
 
 
