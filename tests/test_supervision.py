@@ -28,7 +28,8 @@ from procs import REPO, Proc, Procs, log_tail, pid_alive, pids_with_arg, read_js
 from zmqrl import checkpoint
 from zmqrl.config import dump, load
 from zmqrl.roles.common import free_port
-from zmqrl.roles.supervise import START_AFTER_MAX_S, Role, RoleSpec, StopSignals, Supervisor
+from zmqrl.roles.supervise import START_AFTER_MAX_S, Role, RoleSpec, StopSignals, Supervisor, zmqrl_command
+from zmqrl.roles.supervise import role_env as launcher_role_env
 
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 FAST = ["run.seed=7", "trainer.stop_return=null", "trainer.warmup=300", "trainer.eval_interval=100000",
@@ -322,6 +323,28 @@ def test_a_role_waiting_too_long_for_start_after_starts_anyway(tmp_path: Path) -
     sup._start_pending(time.monotonic() + START_AFTER_MAX_S)
     assert sup.roles["evaluator"].proc is not None
     assert sup.roles["evaluator"].proc.wait(timeout=60) == 0
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is new in Python 3.11")
+def test_roles_run_the_launchers_zmqrl_not_one_in_the_working_directory(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m`` looks in the working directory first: a ``zmqrl/`` there (another checkout)
+    must not be what a launcher's roles run."""
+    decoy = tmp_path / "zmqrl"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise SystemExit(97)\n")
+    monkeypatch.chdir(tmp_path)
+    argv = zmqrl_command("config", [])
+    role = Role(RoleSpec("config", "config", argv), tmp_path / "config.log")
+    role.start(argv, append=False)
+    assert role.proc is not None and role.proc.wait(timeout=120) == 0, log_tail(tmp_path / "config.log")
+    assert "run:  # What this run is and where it writes." in (tmp_path / "config.log").read_text()
+    # the control: the same command without the guard runs the decoy
+    env = launcher_role_env()
+    del env["PYTHONSAFEPATH"]
+    assert subprocess.run(argv, env=env, capture_output=True, timeout=120).returncode == 97
+    monkeypatch.chdir(Path(checkpoint.__file__).parent.parent)  # a launcher run from its own checkout
+    assert "PYTHONSAFEPATH" not in launcher_role_env()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ FINISH_GRACE_S = 10.0  # a role that exited 0 is started again if its launcher i
 STATUS_INTERVAL_S = 2.0  # RUN_DIR/supervisor/NAME.json is rewritten at least this often
 START_AFTER_MAX_S = 30.0  # a role waiting for its start_after file starts anyway after this long
 SUPERVISOR_DIR = "supervisor"
+PACKAGE_ROOT = Path(checkpoint.__file__).resolve().parent.parent  # the directory this zmqrl package is in
 STAGES = ("actor", "proxy")  # stopped first, in this order; every other kind after them
 
 
@@ -85,8 +86,17 @@ def signals_reach_roles() -> bool:
 
 
 def role_env() -> dict[str, str]:
-    """Every role's environment: the launcher's, unbuffered, one math thread."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    """Every role's environment: the launcher's, unbuffered, one math thread.
+
+    ``python -m`` puts the working directory first on ``sys.path``, so a ``zmqrl/`` there (another
+    checkout, an older version) would be what the roles import while the launcher runs its own.
+    Unless the launcher's package is the one in the working directory, roles start with
+    ``PYTHONSAFEPATH`` (Python 3.11+), which leaves the working directory off the path.
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if PACKAGE_ROOT != Path.cwd().resolve():
+        env["PYTHONSAFEPATH"] = "1"
+    return env
 
 
 def zmqrl_command(role: str, config_args: list[str], *args: str) -> list[str]:
