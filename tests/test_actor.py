@@ -43,8 +43,8 @@ class Rig:
         self.actor = Actor(cfg, 0, sink_addr, model_addr)
         self.stop = StopFlag()
 
-    def publish(self, version: int) -> None:
-        self.pub.send(encode_model("learner", LEARNER_INC, version, params(self.cfg, version))[0])
+    def publish(self, version: int, meta: dict[str, Any] | None = None) -> None:
+        self.pub.send(encode_model("learner", LEARNER_INC, version, params(self.cfg, version), meta=meta)[0])
 
     def start(self) -> None:
         """Publish version 0 until the actor's subscription is up."""
@@ -199,6 +199,44 @@ def test_a_new_model_is_applied_within_a_few_steps(rig: Rig) -> None:
     msgs = rig.received()
     check_stream(msgs, rig)
     assert max(m.meta["max_version"] for m in msgs) == 5
+
+
+def test_an_actor_holds_at_the_learners_start_up_quota_until_a_model_lifts_it(rig: Rig) -> None:
+    """While the learner loads torch its models carry ``quota``: the actor makes that many
+    transitions (whole batches: at most one batch more) and holds, whatever else comes with the
+    same quota, until a model without one."""
+    actor, quota, n_buffer = rig.actor, 100, rig.cfg.actor.n_buffer
+    rig.actor.send_linger_s = 0.0
+    with_quota = {"pause": False, "quota": quota}
+    deadline = time.monotonic() + 20
+    while not actor.sub.poll(20, zmq.POLLIN):
+        assert time.monotonic() < deadline, "the actor's SUB never received a model"
+        rig.publish(0, with_quota)
+    thread = threading.Thread(target=actor.run, args=(rig.stop,), kwargs={"max_env_steps": 10_000_000})
+    thread.start()
+    try:
+        def publish_until(done: Callable[[], bool], meta: dict[str, Any], what: str, seconds: float = 20.0) -> None:
+            end = time.monotonic() + seconds
+            while not done():
+                assert time.monotonic() < end and thread.is_alive(), f"{what}: {actor.stats.as_dict()}"
+                rig.publish(0, meta)
+                time.sleep(0.02)
+
+        publish_until(lambda: actor._hold and actor.stats.transitions >= quota, with_quota, "no hold at the quota")
+        held = actor.stats.transitions
+        # it holds for as long as the learner keeps sending the quota (a window, not a wait)
+        end = time.monotonic() + 0.5
+        publish_until(lambda: time.monotonic() >= end, with_quota, "")
+        assert actor.stats.transitions == held and quota <= held < quota + n_buffer + 8, (held, quota)
+        publish_until(lambda: actor.stats.transitions >= held + 5 * n_buffer, {"pause": False},
+                      "the actor did not go on once a model came without a quota")
+    finally:
+        rig.stop.set = True
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    msgs = rig.received()
+    check_stream(msgs, rig)
+    assert actor.stats.paused_s >= 0.4, actor.stats.as_dict()
 
 
 def test_priorities_of_the_numpy_policy_match_two_forward_passes(rig: Rig) -> None:

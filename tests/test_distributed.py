@@ -136,6 +136,10 @@ def test_local_launcher_solves_cartpole(tmp_path: Path, procs: Procs) -> None:
     assert sum(lag["histogram"].values()) > 0, lag
     assert summary["messages"]["batches_lost"] == 0, summary["messages"]
     assert summary["messages"]["rejected_total"] == 0, summary["messages"]
+    # The start-up quota: each actor makes ~warmup transitions (a few batches more) while the
+    # learner loads torch, where without it 4k-18k reached replay before the first update.
+    first = read_json(run_dir / "first_update.json")
+    assert first is not None and first["replay_size"] <= 2 * (1000 + 4 * 64), first
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -146,6 +146,8 @@ class Actor:
         self.versions = VersionTracker()
         self.version = -1
         self.paused = False
+        self.quota: int | None = None  # the learner's: make at most this many transitions until a model lifts it
+        self.made = 0  # transitions in finished batches, counted against ``quota``
         self.seq = 0
         self.encoder = BatchEncoder(self.name, self.incarnation, pack_below=DEFAULT_COPY_THRESHOLD)
         self.stats = ActorStats()
@@ -185,9 +187,12 @@ class Actor:
 
     def _control(self, msg: Message) -> None:
         """Control fields in model meta: ``pause`` (the learner's rate limiter asks actors to stop
-        stepping) and ``done`` (the run is over: finish)."""
+        stepping), ``quota`` (while the learner is starting: hold once this actor has made that
+        many transitions, until a model without one comes) and ``done`` (the run is over: finish)."""
         if msg.incarnation == self.versions.incarnation or self.versions.incarnation is None:
             self.paused = msg.meta.get("pause") is True
+            quota = msg.meta.get("quota")
+            self.quota = quota if isinstance(quota, int) and not isinstance(quota, bool) else None
         done = learner_done(msg, self.versions)
         if done and not self.finished:
             self.finished = done
@@ -235,6 +240,7 @@ class Actor:
         """Set the pending transitions aside as a ready batch and start the next one."""
         low, high = self._versions if self._versions is not None else (self.version, self.version)
         self._ready.append(ReadyBatch(self._pending, self._pending_n, low, high, *self._episodes))
+        self.made += self._pending_n
         self._pending, self._pending_n, self._versions = [], 0, None
         self._episodes = ([], [])
 
@@ -293,9 +299,10 @@ class Actor:
         self._take_newest_model()
         if self._watch_links():
             self._poll_links()
-        # Paused by the learner's rate limiter, or cut off from the learner: stepping on would
-        # only fill queues with data from a policy that is getting older by the second.
-        self._hold = self.paused or self.links[0].down
+        # Paused by the learner's rate limiter, past its start-up quota, or cut off from the
+        # learner: stepping on would only fill queues with data nobody trains on yet, from a
+        # policy that is getting older by the second.
+        self._hold = self.paused or self.links[0].down or (self.quota is not None and self.made >= self.quota)
 
     def run(self, stop: StopFlag, max_env_steps: int = 0) -> None:
         """Act until stopped (or ``max_env_steps``), finishing a batch every ``n_buffer`` transitions.

@@ -200,6 +200,7 @@ class Learner:
         elif self._builder.is_alive():
             return False
         self._adopt(self._builder.get())
+        self.publish(new_version=False, refresh=True)  # without the quota: actors held by it go on
         deferred, self._deferred = self._deferred, []
         self._dispatch(deferred)
         return True
@@ -223,7 +224,12 @@ class Learner:
 
         The meta carries ``pause`` (the rate limiter's request that actors stop stepping), the
         task signature (so a role whose config does not fit says so at once), and ``done`` with
-        the stop reason when the run is over (roles then finish).
+        the stop reason when the run is over (roles then finish). While the agent is still being
+        built with the rate limiter on, it also carries ``quota``: each actor makes at most that
+        many transitions (``trainer.warmup``) until a model without one comes. Importing torch
+        can stall this loop for a good part of a second (the library loads under the interpreter
+        lock), too late to ask for a pause; the quota bounds what arrives before the first update
+        without the learner having to speak in time.
         """
         if new_version or refresh or done or self._last_params is None:
             if new_version:
@@ -231,6 +237,8 @@ class Learner:
             params = self._initial if self._agent is None and self._initial is not None else self.agent.params()
             meta: dict[str, Any] = {"opt_steps": self.book.opt_steps, "pause": self.limiter.paused,
                                     "task": self.signature, "zmqrl": __version__}
+            if self._agent is None and self.limiter.min_ratio > 0:
+                meta["quota"] = self.cfg.trainer.warmup
             if done:
                 meta["done"] = done
             self._last_params = encode_model("learner", self.incarnation, self.book.version, params, meta=meta)
