@@ -355,6 +355,8 @@ class Actor:
                 self._pending_n += len(transitions["reward"])
                 if self._pending_n >= n_buffer:
                     self._finish_batch()
+                    if self.quota is not None and self.made >= self.quota:
+                        next_poll = 0.0  # hold at once, not up to MODEL_POLL_S of steps later
             if max_env_steps and stats.env_steps >= max_env_steps:
                 break
 
