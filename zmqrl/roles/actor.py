@@ -302,7 +302,11 @@ class Actor:
         # Paused by the learner's rate limiter, past its start-up quota, or cut off from the
         # learner: stepping on would only fill queues with data nobody trains on yet, from a
         # policy that is getting older by the second.
-        self._hold = self.paused or self.links[0].down or (self.quota is not None and self.made >= self.quota)
+        self._hold = self.paused or self.links[0].down or self._past_quota()
+
+    def _past_quota(self) -> bool:
+        """Whether the learner's start-up quota is set and this actor has made that many transitions."""
+        return self.quota is not None and self.made >= self.quota
 
     def run(self, stop: StopFlag, max_env_steps: int = 0) -> None:
         """Act until stopped (or ``max_env_steps``), finishing a batch every ``n_buffer`` transitions.
@@ -355,7 +359,7 @@ class Actor:
                 self._pending_n += len(transitions["reward"])
                 if self._pending_n >= n_buffer:
                     self._finish_batch()
-                    if self.quota is not None and self.made >= self.quota:
+                    if self._past_quota():
                         next_poll = 0.0  # hold at once, not up to MODEL_POLL_S of steps later
             if max_env_steps and stats.env_steps >= max_env_steps:
                 break

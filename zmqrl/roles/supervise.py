@@ -61,7 +61,7 @@ FINISH_GRACE_S = 10.0  # a role that exited 0 is started again if its launcher i
 STATUS_INTERVAL_S = 2.0  # RUN_DIR/supervisor/NAME.json is rewritten at least this often
 START_AFTER_MAX_S = 30.0  # a role waiting for its start_after file starts anyway after this long
 SUPERVISOR_DIR = "supervisor"
-PACKAGE_ROOT = Path(checkpoint.__file__).resolve().parent.parent  # the directory this zmqrl package is in
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory this zmqrl package is in
 STAGES = ("actor", "proxy")  # stopped first, in this order; every other kind after them
 
 
