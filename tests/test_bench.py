@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -358,6 +359,11 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
         assert by_name[f"transport_{kind}_direct"]["goal"] is None
         assert by_name[f"transport_{kind}"]["measured"] == by_name[f"transport_{kind}_direct"]["measured"]
     assert "subscribe to its models like actors" in by_name["learner_opt_steps"]["note"]
+    for name in ("actor_cartpole_dqn", "actor_pendulum_sac", "actor_pong_dqn"):  # the sink counts what the actor sent
+        found = re.search(r"sink got (\d+)/(\d+) batches", by_name[name]["note"])
+        assert found is not None, by_name[name]["note"]
+        got, sent = map(int, found.groups())
+        assert 0.9 * sent <= got <= sent and sent > 0, by_name[name]["note"]  # (small batches come packed)
     assert elapsed < 450, f"the smoke run took {elapsed:.0f}s"  # ~70 s on 2 idle cores, ~150 s shared
 
 

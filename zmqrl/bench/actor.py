@@ -24,7 +24,7 @@ from zmqrl.bench.harness import (
 )
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import options, read_json
-from zmqrl.wire import SocketOptions, encode_model, make_socket, send_frames
+from zmqrl.wire import BATCH, SocketOptions, encode_model, make_socket, peek_header, send_frames
 
 CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml", "pong_dqn.yaml")
 MODEL_INTERVAL_S = 0.1  # a new model version this often, as a learner with a short sync interval sends them
@@ -33,7 +33,8 @@ MODEL_INTERVALS_S = {"pong_dqn.yaml": 1.0}
 
 
 def sink(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
-    """Helper process: PULL and count batches until SIGTERM (the actor's stand-in for a proxy)."""
+    """Helper process: PULL and count batches (by their header: hellos are not) until SIGTERM (the actor's
+    stand-in for a proxy)."""
     net = child_config(p).net
     ctx = zmq.Context(io_threads=1)
     pull = make_socket(ctx, zmq.PULL, options(net, SocketOptions.pull(rcvhwm=64), data_path=True), bind=p["bind"])
@@ -48,7 +49,7 @@ def sink(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
                     frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                if len(frames) > 1:
+                if peek_header(frames)["kind"] == BATCH:  # (a small batch comes packed in one frame)
                     batches += 1
                     nbytes += sum(len(f.buffer) for f in frames)
     finally:
