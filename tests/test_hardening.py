@@ -27,7 +27,7 @@ import zmq
 from procs import Procs, read_json, role_env, wait_for, zmqrl_argv
 from zmqrl.acting import make_task
 from zmqrl.agents.base import apex_epsilon
-from zmqrl.config import Config
+from zmqrl.config import Config, ConfigError
 from zmqrl.roles.common import free_port
 from zmqrl.roles.learner import Learner
 from zmqrl.wire import BATCH, MODEL, encode, new_incarnation, pack
@@ -256,6 +256,20 @@ def test_apex_epsilon_per_actor_index(cartpole_cfg: Any) -> None:
     task = make_task(cartpole_cfg("actor.num_actors=8"))
     assert [task.exploration(i)(12345) for i in range(8)] == pytest.approx(values)
     assert task.exploration(None)(0) == 1.0  # zmqrl train: the linear schedule, not Ape-X
+
+def test_actor_epsilon_decays_from_eps_start_to_its_apex_value(cartpole_cfg: Any) -> None:
+    task = make_task(cartpole_cfg("actor.num_actors=2", "actor.eps_decay_steps=1000", "agent.eps_start=1.0"))
+    greedy_end = 0.4 ** 8  # actor 1 of 2 with eps 0.4, alpha 7
+    for index, end in ((0, 0.4), (1, greedy_end)):
+        schedule = task.exploration(index)
+        assert schedule(0) == pytest.approx(1.0)
+        assert schedule(500) == pytest.approx(end + (1.0 - end) / 2)
+        assert schedule(1000) == pytest.approx(end) and schedule(10**6) == pytest.approx(end)
+    still = make_task(cartpole_cfg("actor.num_actors=2", "actor.eps_decay_steps=0")).exploration(1)  # Ape-X throughout
+    assert still(0) == pytest.approx(greedy_end)
+    with pytest.raises(ConfigError, match="actor.eps_decay_steps"):
+        cartpole_cfg("actor.eps_decay_steps=-1")
+
 
 
 # ------------------------------------------------------------------------- a run ends everywhere

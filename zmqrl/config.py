@@ -116,6 +116,8 @@ class ActorConfig:
     n_buffer: int = 256  # transitions per message sent to the proxy
     eps: float = 0.4  # base exploration rate eps
     eps_alpha: float = 7.0  # actor i of N explores with eps ** (1 + eps_alpha * i / (N - 1))
+    eps_decay_steps: int = 0  # each actor starts at agent.eps_start and reaches its eps above after this many
+    #                           of its own env steps (linearly); 0 = its eps from the first step, as in Ape-X
     num_actors: int = 2  # N in the formula above; the local launcher sets it
     compute_priorities: bool = True  # send initial priorities computed with the local model
     send_hwm: int = 16  # batches queued towards the proxy before send blocks
@@ -179,6 +181,7 @@ _POSITIVE = {
 _UNIT_INTERVAL = {"agent.gamma", "replay.alpha", "replay.beta0", "actor.eps"}
 _NON_NEGATIVE = {"trainer.warmup", "trainer.save_interval", "trainer.max_seconds", "trainer.max_samples_per_insert",
                  "trainer.min_samples_per_insert", "actor.nice", "trainer.latest_interval_s", "actor.eps_alpha",
+                 "actor.eps_decay_steps",
                  "net.peer_wait_s", "net.peer_idle_s"}
 
 

@@ -150,11 +150,15 @@ def check_discrete_spaces(cfg: Config, obs_space: gym.spaces.Space, action_space
 
 def epsilon_exploration(cfg: Config, actor_index: int | None) -> Exploration:
     """ε-greedy: in ``zmqrl train`` (``actor_index`` None) a linear decay over the agent section's
-    ``eps_start``, ``eps_end`` and ``eps_decay_steps``; Ape-X's fixed ε per actor index otherwise."""
+    ``eps_start``, ``eps_end`` and ``eps_decay_steps``; Ape-X's fixed ε per actor index otherwise,
+    reached from ``eps_start`` over the actor's first ``actor.eps_decay_steps`` env steps."""
+    ac: Any = cfg.agent
     if actor_index is None:
-        ac: Any = cfg.agent
         return linear("epsilon", ac.eps_start, ac.eps_end, ac.eps_decay_steps)
-    return constant("epsilon", apex_epsilon(cfg.actor.eps, cfg.actor.eps_alpha, actor_index, cfg.actor.num_actors))
+    eps = apex_epsilon(cfg.actor.eps, cfg.actor.eps_alpha, actor_index, cfg.actor.num_actors)
+    if cfg.actor.eps_decay_steps > 0:
+        return linear("epsilon", max(ac.eps_start, eps), eps, cfg.actor.eps_decay_steps)
+    return constant("epsilon", eps)
 
 
 def epsilon_greedy(greedy_actions: np.ndarray, epsilon: float | np.ndarray, rng: np.random.Generator,
