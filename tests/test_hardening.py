@@ -257,6 +257,7 @@ def test_apex_epsilon_per_actor_index(cartpole_cfg: Any) -> None:
     assert [task.exploration(i)(12345) for i in range(8)] == pytest.approx(values)
     assert task.exploration(None)(0) == 1.0  # zmqrl train: the linear schedule, not Ape-X
 
+
 def test_actor_epsilon_decays_from_eps_start_to_its_apex_value(cartpole_cfg: Any) -> None:
     task = make_task(cartpole_cfg("actor.num_actors=2", "actor.eps_decay_steps=1000", "agent.eps_start=1.0"))
     greedy_end = 0.4 ** 8  # actor 1 of 2 with eps 0.4, alpha 7
@@ -269,7 +270,6 @@ def test_actor_epsilon_decays_from_eps_start_to_its_apex_value(cartpole_cfg: Any
     assert still(0) == pytest.approx(greedy_end)
     with pytest.raises(ConfigError, match="actor.eps_decay_steps"):
         cartpole_cfg("actor.eps_decay_steps=-1")
-
 
 
 # ------------------------------------------------------------------------- a run ends everywhere

@@ -43,14 +43,20 @@ class Exploration:
     """An exploration schedule: the value passed as ``explore`` to :meth:`Policy.act`.
 
     ``name`` is what the value means (``epsilon`` for ε-greedy), used for logs and the
-    ``train/<name>`` record; ``schedule`` maps env steps taken so far to the value.
+    ``train/<name>`` record; ``schedule`` maps env steps taken so far to the value; ``shape``
+    says how it changes, for logs ("1 -> 0.4 over 5000 env steps"; empty: see the value).
     """
 
     name: str
     schedule: Callable[[int], float]
+    shape: str = ""
 
     def __call__(self, env_steps: int) -> float:
         return self.schedule(env_steps)
+
+    def describe(self) -> str:
+        """The value at the first step, or the schedule's shape where it has one."""
+        return self.shape or f"{self(0):.4g}"
 
 
 def constant(name: str, value: float) -> Exploration:
@@ -66,7 +72,8 @@ def linear(name: str, start: float, end: float, decay_steps: int) -> Exploration
             return end
         return end + (start - end) * max(0.0, 1.0 - step / decay_steps)
 
-    return Exploration(name, schedule)
+    shape = f"{start:.4g} -> {end:.4g} over {decay_steps} env steps" if decay_steps > 0 and start != end else ""
+    return Exploration(name, schedule, shape)
 
 
 def resolve_backend(backend: str, numpy_ok: bool, device: str = "cpu") -> str:

@@ -166,12 +166,6 @@ class Actor:
         self.gave_up = False  # no model within net.peer_wait_s: exit 1, so a supervisor starts it again
 
     # --- models -----------------------------------------------------------------------------
-    def _exploration_text(self) -> str:
-        """The exploration value now, and where it goes: "0.4" or "1 -> 0.4 over 5000 env steps"."""
-        start, steps = self.exploration(0), self.cfg.actor.eps_decay_steps
-        end = self.exploration(steps) if steps > 0 else start
-        return f"{start:.4g}" if end == start else f"{start:.4g} -> {end:.4g} over {steps} env steps"
-
     def _take_newest_model(self) -> bool:
         msg, bad = drain_latest_model(self.sub, self.versions, self.model_limits, observe=self._control,
                                       on_error=self._wire_error)
@@ -230,7 +224,7 @@ class Actor:
             self._poll_links()
             if self.sub.poll(100, zmq.POLLIN) and self._take_newest_model():
                 log.info("%s: got model version %d after %.2fs; acting with %s %s", self.name, self.version,
-                         time.monotonic() - started, self.exploration.name, self._exploration_text())
+                         time.monotonic() - started, self.exploration.name, self.exploration.describe())
                 return True
             if remind():
                 log.info("%s: still waiting for a model from %s (%.0fs)", self.name, self.model_addr,
