@@ -198,6 +198,20 @@ def test_groups_configs_exist_and_every_solve_config_has_an_sb3_peer() -> None:
         assert (cfg.agent.algo, cfg.env.id) in solve.SB3_PEERS, name
 
 
+def test_sb3_evaluates_as_often_as_the_config_in_whole_training_rounds() -> None:
+    dqn = solve.SB3_PEERS[("dqn", "CartPole-v1")]  # 128 gradient steps every 256 env steps
+    assert dqn.eval_every_matched(100) == 256 and dqn.eval_every_matched(128) == 256
+    assert dqn.eval_every_matched(129) == 512 and dqn.eval_every_matched(1000) == 2048
+    sac = solve.SB3_PEERS[("sac", "Pendulum-v1")]  # one gradient step per env step
+    assert sac.eval_every_matched(500) == 500
+    assert solve.sb3_cadences(dqn, 100) == [256, solve.SB3_EVAL_EVERY]
+    assert solve.sb3_cadences(sac, solve.SB3_EVAL_EVERY) == [solve.SB3_EVAL_EVERY]  # the same cadence runs once
+    for name in solve.CONFIGS:  # the shipped configs give SB3 a second, matched cadence
+        cfg = harness.load_config(REPO / "configs" / name)
+        peer = solve.SB3_PEERS[(cfg.agent.algo, cfg.env.id)]
+        assert len(solve.sb3_cadences(peer, cfg.trainer.eval_interval)) == 2, name
+
+
 def test_solve_rows_judge_the_median_and_the_slowest_seed() -> None:
     def runs(kind: str, walls: list[float], steps: list[int | None]) -> list[solve.SolveRun]:
         return [solve.SolveRun(kind, seed, w, {"env_steps": n} if n else None) for seed, (w, n) in
