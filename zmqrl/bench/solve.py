@@ -51,9 +51,13 @@ class Sb3Peer:
     def eval_every_matched(self, eval_interval: int) -> int:
         """Env steps between evaluations that see SB3's policy as often, in optimisation steps, as
         ``trainer.eval_interval`` sees zmqrl's: SB3 trains ``gradient_steps`` every ``train_freq`` env
-        steps, so this rounds up to whole training rounds (a model between rounds has not changed)."""
-        rounds = math.ceil(eval_interval / int(self.kwargs.get("gradient_steps", 1)))
-        return rounds * int(self.kwargs.get("train_freq", 1))
+        steps, so this rounds up to whole training rounds (a model between rounds has not changed).
+        A peer names both: SB3's defaults differ by algorithm (DQN trains 1 step every 4, SAC 1 every 1)."""
+        missing = [key for key in ("train_freq", "gradient_steps") if key not in self.kwargs]
+        if missing:
+            raise BenchError(f"SB3 peer {self.algo} ({self.source}) does not name {', '.join(missing)}")
+        rounds = math.ceil(eval_interval / int(self.kwargs["gradient_steps"]))
+        return rounds * int(self.kwargs["train_freq"])
 
 
 SB3_PEERS: dict[tuple[str, str], Sb3Peer] = {  # (agent.algo, env.id) -> peer
@@ -63,8 +67,9 @@ SB3_PEERS: dict[tuple[str, str], Sb3Peer] = {  # (agent.algo, env.id) -> peer
                         "exploration_fraction": 0.16, "exploration_final_eps": 0.04,
                         "policy_kwargs": {"net_arch": [256, 256]}},
         "rl-zoo DQN CartPole-v1"),
-    ("sac", "Pendulum-v1"): Sb3Peer("SAC", 20_000, {"learning_rate": 1e-3}, "rl-zoo SAC Pendulum-v1: lr 1e-3, "
-                                                                            "otherwise SB3's defaults"),
+    ("sac", "Pendulum-v1"): Sb3Peer("SAC", 20_000, {"learning_rate": 1e-3, "train_freq": 1, "gradient_steps": 1},
+                                    "rl-zoo SAC Pendulum-v1: lr 1e-3, otherwise SB3's defaults (named: one "
+                                    "gradient step every env step)"),
 }
 
 _SB3_SCRIPT = r'''
