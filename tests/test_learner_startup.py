@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -273,3 +274,49 @@ def test_a_role_signalled_while_importing_its_entry_point_exits_with_its_own_cod
     control = subprocess.run([sys.executable, "-c", _TERM_WHILE_IMPORTING, "config"], capture_output=True,
                              text=True, timeout=90)
     assert control.returncode == -signal.SIGTERM, "a command that is not a role dies by it (the positive control)"
+
+
+_LAUNCHER_SIGNALLED_AT_BOTH_ENDS = r'''
+import os, signal, sys
+from zmqrl import cli
+from zmqrl.roles import supervise
+
+sys.argv = ["zmqrl", *sys.argv[1:]]
+control = bool(os.environ.get("ZMQRL_TEST_CONTROL"))
+if control:  # the launcher as any other command: only its handler while it supervises
+    cli.LAUNCHER_COMMANDS = ()
+enter, leave = supervise.StopSignals.__enter__, supervise.StopSignals.__exit__
+
+def enter_signalled(self):
+    if control:
+        entered = enter(self)
+        os.kill(os.getpid(), signal.SIGTERM)  # to its handler: it stops its roles
+        return entered
+    os.kill(os.getpid(), signal.SIGTERM)  # while the launcher starts, before its handler is in place
+    return enter(self)
+
+def leave_signalled(self, *exc):
+    leave(self, *exc)
+    os.kill(os.getpid(), signal.SIGTERM)  # its roles are stopped; it has not returned yet
+
+supervise.StopSignals.__enter__, supervise.StopSignals.__exit__ = enter_signalled, leave_signalled
+sys.exit(cli.main())
+'''
+
+
+@pytest.mark.timeout(180)
+def test_a_launcher_signalled_while_starting_or_returning_exits_with_its_own_code(tmp_path: Path) -> None:
+    """``zmqrl host`` TERMed as it starts stops every role it started and exits 0; TERMed again in
+    the moment between its roles' end and its return (a job runner stopping it as the head finishes)
+    it still exits 0, not -15."""
+    args = ["host", "--learner", "127.0.0.1", "--actors", "1", "--run-dir", str(tmp_path / "run"),
+            "--set", "net.peer_wait_s=5"]
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER_SIGNALLED_AT_BOTH_ENDS, *args], capture_output=True,
+                          text=True, timeout=150)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "received SIGTERM while starting: stopping every role" in done.stderr, done.stderr[-2000:]
+    assert "stopped by SIGTERM" in done.stderr, done.stderr[-2000:]
+    control = subprocess.run([sys.executable, "-c", _LAUNCHER_SIGNALLED_AT_BOTH_ENDS, *args], capture_output=True,
+                             text=True, timeout=150, env={**os.environ, "ZMQRL_TEST_CONTROL": "1"})
+    assert "received SIGTERM: stopping every role" in control.stderr, control.stderr[-2000:]
+    assert control.returncode == -signal.SIGTERM, "the signal after its roles' end kills it (the positive control)"

@@ -10,11 +10,18 @@ from collections.abc import Callable
 from zmqrl.lifecycle import catch_stop_signals_early, ignore_stop_signals
 
 ROLE_COMMANDS = ("learner", "proxy", "actor", "evaluator")  # processes that launchers start and stop
+LAUNCHER_COMMANDS = ("local", "head", "host")  # processes that start and stop roles
 
 
 def _role_process(argv: list[str] | None) -> bool:
     """Whether this is a role's own process (``zmqrl ROLE ...`` from the command line)."""
     return argv is None and len(sys.argv) > 1 and sys.argv[1] in ROLE_COMMANDS
+
+
+def _signal_aware_process(argv: list[str] | None) -> bool:
+    """Whether this process (a role or a launcher, from the command line) ends on a stop signal with its own code:
+    the signal is remembered while it starts and after its loop, ignored once its work is done."""
+    return _role_process(argv) or (argv is None and len(sys.argv) > 1 and sys.argv[1] in LAUNCHER_COMMANDS)
 
 
 if __name__ == "__main__" and _role_process(None):  # ``python -m zmqrl.cli ROLE``, as launchers start roles:
@@ -198,7 +205,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
 
 
 def main(argv: list[str] | None = None) -> int:
-    if _role_process(argv):  # stop signals are remembered from its start and ignored once its work is done
+    if _signal_aware_process(argv):  # stop signals are remembered from its start and ignored once its work is done
         catch_stop_signals_early()
         try:
             return _main(argv)

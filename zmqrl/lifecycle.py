@@ -41,8 +41,13 @@ def catch_stop_signals_early() -> None:
         signal.signal(sig, _remember)
 
 
+def take_early_stop_signal() -> str | None:
+    """The name of a stop signal remembered since :func:`catch_stop_signals_early`, consumed; None if none."""
+    return _early.pop(0) if _early else None
+
+
 def ignore_stop_signals() -> None:
-    """For a role process whose work is done: SIGINT/SIGTERM are ignored from here to its exit.
+    """For a role or launcher process whose work is done: SIGINT/SIGTERM are ignored from here to its exit.
 
     Python resets signals with a handler of its own to their default while it shuts down, so a
     stop signal then would still kill the process; an ignored signal stays ignored.
@@ -65,8 +70,9 @@ class StopFlag:
     def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
-        if _early:  # signalled while starting: stop at the first step
-            self.signal_name = _early.pop(0)
+        early = take_early_stop_signal()
+        if early:  # signalled while starting: stop at the first step
+            self.signal_name = early
             log.info("received %s while starting: stopping after the first step", self.signal_name)
             self.set = True
         return self

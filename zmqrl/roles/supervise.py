@@ -46,6 +46,7 @@ from typing import IO, Any
 
 from zmqrl import checkpoint
 from zmqrl.checkpoint import write_json_atomic
+from zmqrl.lifecycle import take_early_stop_signal
 from zmqrl.record import Progress
 from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, read_json
 
@@ -228,6 +229,10 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
+        early = take_early_stop_signal()
+        if early:  # signalled while the launcher started: stop every role as soon as they are up
+            self.count, self.signal_name = 1, early
+            log.info("received %s while starting: stopping every role", early)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
