@@ -134,6 +134,7 @@ def test_local_launcher_solves_cartpole(tmp_path: Path, procs: Procs) -> None:
     for key in ("mean", "p50", "p90", "max", "histogram"):
         assert key in lag, f"policy_lag lacks {key}: {lag}"
     assert sum(lag["histogram"].values()) > 0, lag
+    assert lag.get("updates_per_version") == 50, lag  # the config's trainer.sync_interval: lag's unit in updates
     assert summary["messages"]["batches_lost"] == 0, summary["messages"]
     assert summary["messages"]["rejected_total"] == 0, summary["messages"]
     # The start-up quota: each actor makes ~warmup transitions (a few batches more) while the

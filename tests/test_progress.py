@@ -149,7 +149,7 @@ def test_run_table_of_a_learner_has_the_distributed_rows() -> None:
                           "return_std": 1.0, "episodes": 10},
                          {"opt_steps": 100, "env_steps": 5000, "wall_s": 12.0, "return_mean": 15.0,
                           "return_std": 2.0, "episodes": 10}],
-               "policy_lag": {"mean": 1.5, "p90": 3, "max": 4},
+               "policy_lag": {"mean": 1.5, "p90": 3, "max": 4, "updates_per_version": 50},
                "messages": {"batches_received": 80, "batches_lost": 0, "rejected_total": 1},
                "actors": {"actor-0": {"env_steps": 2500, "env_steps_per_s": 200.0, "batches": 40, "lost": 0,
                                       "lag_mean": 1.5, "blocked_s": 0.25}}}
@@ -159,7 +159,7 @@ def test_run_table_of_a_learner_has_the_distributed_rows() -> None:
     assert rows["best eval return"] == "20.0 ± 1.0 over 10 episodes (opt 50, env 2000, 6.0 s)"
     assert rows["last eval return"] == "15.0 ± 2.0 over 10 episodes (opt 100, env 5000, 12.0 s)"
     assert rows["run directory"] == "runs/x"
-    assert "policy lag        mean 1.5, p90 3, max 4" in table
+    assert "policy lag        mean 1.5, p90 3, max 4 model versions (50 updates each)" in table
     assert "batches           received 80, lost 0, rejected 1" in table
     assert table.splitlines()[-1].split() == ["actor-0", "2500", "200", "40", "0", "1.5", "0.2"]
 

@@ -180,7 +180,9 @@ def run_table(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> 
                                f"(per insert {summary.get('samples_per_insert', 0.0):.2f})"),
                  ("model version", str(summary.get("model_version", "-"))),
                  ("policy lag", f"mean {lag.get('mean', float('nan')):.1f}, p90 {lag.get('p90', float('nan')):.0f}, "
-                                f"max {lag.get('max', '-')}"),
+                                f"max {lag.get('max', '-')} model versions"
+                                + (f" ({lag['updates_per_version']} updates each)" if "updates_per_version" in lag
+                                   else "")),
                  ("batches", f"received {msgs.get('batches_received', 0)}, lost {msgs.get('batches_lost', 0)}, "
                              f"rejected {msgs.get('rejected_total', 0)}")]
     rows += [("best eval return", _eval_text(summary, summary.get("best_eval_return"))),

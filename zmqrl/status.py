@@ -27,8 +27,8 @@ from zmqrl.config import ConfigError
 from zmqrl.roles.common import read_json
 from zmqrl.roles.supervise import SUPERVISOR_DIR, read_status_files
 
-COLUMNS = ("role", "host", "id", "incarnation", "state", "env steps/s", "batches", "lost", "policy lag", "last seen",
-           "restarts")
+COLUMNS = ("role", "host", "id", "incarnation", "state", "env steps/s", "batches", "lost", "lag (versions)",
+           "last seen", "restarts")
 _ACTOR = re.compile(r"^actor-(\d+)$")
 
 
@@ -105,7 +105,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         m = _ACTOR.match(name)
         return {"role": name, "host": str(launcher.get("hostname") or "-"), "id": m.group(1) if m else "-",
                 "incarnation": "-", "state": str(entry.get("state") or "-"), "env steps/s": "-", "batches": "-",
-                "lost": "-", "policy lag": "-", "last seen": "-", "restarts": _fmt_int(entry.get("restarts")),
+                "lost": "-", "lag (versions)": "-", "last seen": "-", "restarts": _fmt_int(entry.get("restarts")),
                 "_kind": kind}
 
     rows: dict[str, dict[str, str]] = {}
@@ -114,7 +114,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     if summary:
         learner.update({"env steps/s": _fmt_float(summary.get("env_steps_per_s"), 0),
                         "batches": _fmt_int(msgs.get("batches_received")), "lost": _fmt_int(msgs.get("batches_lost")),
-                        "policy lag": _fmt_float(lag.get("mean")), "last seen": _ago(summary_time, now)})
+                        "lag (versions)": _fmt_float(lag.get("mean")), "last seen": _ago(summary_time, now)})
         if summary.get("stop_reason") and learner["state"] == "-":
             learner["state"] = "finished"
     for name, stats in sorted(_dict(summary, "proxies").items()):
@@ -134,7 +134,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         row.update({"incarnation": str(stats.get("incarnation") or "-")[:8],
                     "env steps/s": _fmt_float(stats.get("env_steps_per_s"), 0),
                     "batches": _fmt_int(stats.get("batches")), "lost": _fmt_int(stats.get("lost")),
-                    "policy lag": _fmt_float(stats.get("lag_mean")),
+                    "lag (versions)": _fmt_float(stats.get("lag_mean")),
                     "last seen": _ago(stats.get("last_seen"), now)})
         if row["restarts"] == "-" and _number(stats.get("incarnations")):
             row["restarts"] = str(max(0, int(stats["incarnations"]) - 1))  # each restart is a new incarnation
@@ -175,7 +175,7 @@ def render(data: dict[str, Any]) -> str:
     """The header lines and an aligned table."""
     rows = [[row[c] for c in COLUMNS] for row in data["rows"]]
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
-    numeric = {"id", "env steps/s", "batches", "lost", "policy lag", "restarts"}
+    numeric = {"id", "env steps/s", "batches", "lost", "lag (versions)", "restarts"}
 
     def line(cells: list[str]) -> str:
         return "  ".join(cell.rjust(w) if COLUMNS[i] in numeric else cell.ljust(w)

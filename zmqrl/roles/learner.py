@@ -347,7 +347,7 @@ class Learner:
             "bytes_received": self.receiver.bytes, "models_published": self.published,
             "rate_limiter_pauses": self.limiter.pauses, "first_batch_s": self.first_batch_s,
             "first_update_s": self.first_update_s,
-            "policy_lag": peers.pop("policy_lag"),
+            "policy_lag": {**peers.pop("policy_lag"), "updates_per_version": self.cfg.trainer.sync_interval},
             "messages": {"batches_received": self.batches, "batches_lost": peers.pop("batches_lost"),
                          "batches_dropped_old": peers.pop("batches_dropped_old"),
                          "rejected": {**dict(self.receiver.rejected), "replay": self.writer.rejected},
