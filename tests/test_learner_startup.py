@@ -320,3 +320,42 @@ def test_a_launcher_signalled_while_starting_or_returning_exits_with_its_own_cod
                              text=True, timeout=150, env={**os.environ, "ZMQRL_TEST_CONTROL": "1"})
     assert "received SIGTERM: stopping every role" in control.stderr, control.stderr[-2000:]
     assert control.returncode == -signal.SIGTERM, "the signal after its roles' end kills it (the positive control)"
+
+
+_TRAIN_SIGNALLED_AFTER_ITS_LOOP = r'''
+import os, signal, sys
+from zmqrl import cli
+from zmqrl.lifecycle import StopFlag
+
+sys.argv = ["zmqrl", *sys.argv[1:]]
+if os.environ.get("ZMQRL_TEST_CONTROL"):  # train as any other command: only its handler while it trains
+    cli.RUN_COMMANDS = ()
+leave = StopFlag.__exit__
+
+def leave_signalled(self, *exc):
+    leave(self, *exc)
+    os.kill(os.getpid(), signal.SIGTERM)  # the loop is over; the final checkpoint and summary are not written yet
+
+StopFlag.__exit__ = leave_signalled
+sys.exit(cli.main())
+'''
+
+
+@pytest.mark.timeout(240)
+def test_train_signalled_after_its_loop_still_writes_its_final_checkpoint(tmp_path: Path) -> None:
+    """``zmqrl train`` TERMed between the end of its loop and its final save (a job runner stopping it
+    as it finishes) writes the final checkpoint and summary and exits 0, not -15."""
+    def run(run_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+        args = ["train", str(Path(__file__).parent.parent / "configs" / "cartpole_dqn.yaml"), "--run-dir",
+                str(run_dir), "--set", "trainer.warmup=64", "--set", "trainer.max_opts=20",
+                "--set", "trainer.eval_interval=1000", "--set", "trainer.stop_return=null"]
+        return subprocess.run([sys.executable, "-c", _TRAIN_SIGNALLED_AFTER_ITS_LOOP, *args], capture_output=True,
+                              text=True, timeout=110, env={**os.environ, **env})
+
+    done = run(tmp_path / "run")
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    summary = read_json(tmp_path / "run" / "summary.json")
+    assert summary is not None and summary["opt_steps"] == 20, summary
+    assert (tmp_path / "run" / "checkpoints" / "latest").exists(), sorted((tmp_path / "run").rglob("*"))
+    control = run(tmp_path / "control", ZMQRL_TEST_CONTROL="1")
+    assert control.returncode == -signal.SIGTERM, "the signal after its loop kills it (the positive control)"

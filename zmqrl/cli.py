@@ -11,6 +11,7 @@ from zmqrl.lifecycle import catch_stop_signals_early, ignore_stop_signals
 
 ROLE_COMMANDS = ("learner", "proxy", "actor", "evaluator")  # processes that launchers start and stop
 LAUNCHER_COMMANDS = ("local", "head", "host")  # processes that start and stop roles
+RUN_COMMANDS = ("train",)  # a whole run in one process, which saves its final checkpoint after its loop
 
 
 def _role_process(argv: list[str] | None) -> bool:
@@ -19,9 +20,10 @@ def _role_process(argv: list[str] | None) -> bool:
 
 
 def _signal_aware_process(argv: list[str] | None) -> bool:
-    """Whether this process (a role or a launcher, from the command line) ends on a stop signal with its own code:
-    the signal is remembered while it starts and after its loop, ignored once its work is done."""
-    return _role_process(argv) or (argv is None and len(sys.argv) > 1 and sys.argv[1] in LAUNCHER_COMMANDS)
+    """Whether this process (a role, a launcher or ``zmqrl train``, from the command line) ends on a stop signal
+    with its own code: the signal is remembered while it starts and after its loop, ignored once its work is done."""
+    return _role_process(argv) or (argv is None and len(sys.argv) > 1
+                                    and sys.argv[1] in (*LAUNCHER_COMMANDS, *RUN_COMMANDS))
 
 
 if __name__ == "__main__" and _role_process(None):  # ``python -m zmqrl.cli ROLE``, as launchers start roles:
