@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from zmqrl.acting import STATE_FILE as ENV_STATE_FILE
 from zmqrl.acting import ActingLoop, make_task
-from zmqrl.agents.torch_util import resolve_device
+from zmqrl.agents.torch_util import configure_torch, resolve_device
 from zmqrl.bookkeeping import (
     Bookkeeper,
     ResumePoint,
@@ -64,7 +62,7 @@ class LoopCounters:
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
     """Train in this process; returns the summary written to ``summary.json``."""
-    torch.set_num_threads(cfg.run.torch_threads)
+    configure_torch(cfg.run.torch_threads)
     seed = cfg.run.seed
     seed_everything(seed)
     task = make_task(cfg)

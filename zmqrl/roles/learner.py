@@ -168,9 +168,9 @@ class Learner:
         """Import torch and build the agent, adopting the published version-0 parameters if any."""
         import torch
 
-        from zmqrl.agents.torch_util import resolve_device
+        from zmqrl.agents.torch_util import configure_torch, resolve_device
 
-        torch.set_num_threads(self.cfg.run.torch_threads)
+        configure_torch(self.cfg.run.torch_threads)
         torch.manual_seed(self.cfg.run.seed)
         agent = self.task.agent(device=resolve_device(self.cfg.run.device), seed=self.cfg.run.seed)
         if self._initial is not None:
@@ -184,9 +184,9 @@ class Learner:
         return agent
 
     def _adopt(self, agent: Agent) -> None:
-        import torch
+        from zmqrl.agents.torch_util import configure_torch
 
-        torch.set_num_threads(self.cfg.run.torch_threads)  # (per thread in some builds: this one trains)
+        configure_torch(self.cfg.run.torch_threads)  # per thread (denormals; threads in some builds): this one trains
         self._agent = agent
         self.book.agent = agent
         log.info("learner: ready in %.1fs", time.monotonic() - self.started)
