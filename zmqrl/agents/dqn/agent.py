@@ -21,6 +21,7 @@ from torch import nn
 
 from zmqrl.agents.base import epsilon_greedy
 from zmqrl.agents.dqn.config import DQNConfig
+from zmqrl.agents.dqn.explicit import ExplicitMLPLoss
 from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.dqn.numpy_policy import td_priorities
 from zmqrl.agents.staging import BatchStager
@@ -109,6 +110,8 @@ class DQNAgent(DQNPolicy):
         self.optimizer = Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.opt_steps = 0
         self._stage = BatchStager(self.device)
+        self._explicit = (ExplicitMLPLoss(self.q, self.target, cfg.double, cfg.loss == "huber")
+                          if isinstance(self.q, MLPQNetwork) and isinstance(self.target, MLPQNetwork) else None)
 
     METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm")
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
@@ -117,8 +120,21 @@ class DQNAgent(DQNPolicy):
         """One gradient step on a sampled batch; returns metrics and |TD error| priorities.
 
         The batch reaches the device through :class:`BatchStager` (pinned and non-blocking on
-        CUDA), and metrics and priorities come back in one device-to-host copy.
+        CUDA), and metrics and priorities come back in one device-to-host copy. The MLP network's
+        loss and gradients are written out (:class:`ExplicitMLPLoss`); the CNN's go through autograd.
         """
+        if self._explicit is None:
+            return self.update_autograd(batch)
+        t = self._stage({k: batch[k] for k in self.BATCH_KEYS if k in batch})
+        reward = t["reward"].float()
+        weights = t["weights"].float() if "weights" in t else torch.ones_like(reward)
+        loss, q, td, grad_norm = self._explicit(t["obs"], t["action"].long().unsqueeze(1), reward, t["next_obs"],
+                                                t["discount"].float(), weights, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        return self._finish_step(loss, q, td, grad_norm)
+
+    def update_autograd(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
+        """:meth:`update` through autograd, for any network."""
         t = self._stage({k: batch[k] for k in self.BATCH_KEYS if k in batch})
         obs = t["obs"]
         action = t["action"].long().unsqueeze(1)
@@ -148,12 +164,16 @@ class DQNAgent(DQNPolicy):
         loss.backward()
         grad_norm = clip_gradients(self.q, self.cfg.max_grad_norm)
         self.optimizer.step()
+        return self._finish_step(loss.detach(), q.detach(), td.detach(), grad_norm.detach())
+
+    def _finish_step(self, loss: torch.Tensor, q: torch.Tensor, td: torch.Tensor,
+                     grad_norm: torch.Tensor) -> tuple[dict[str, float], np.ndarray]:
+        """Count the step, update the target when due; metrics and priorities in one copy to the host."""
         self.opt_steps += 1
         if self.opt_steps % self.cfg.target_update_interval == 0:
             self.update_target()
-
-        td_abs = td.detach().abs().float()
-        stats = torch.stack([loss.detach(), q.detach().mean(), td_abs.mean(), grad_norm.detach()]).float()
+        td_abs = td.abs().float()
+        stats = torch.stack([loss, q.mean(), td_abs.mean(), grad_norm]).float()
         host = torch.cat([stats, td_abs]).cpu().numpy()
         return dict(zip(self.METRICS, host[:4].tolist(), strict=True)), host[4:].astype(np.float32)
 
