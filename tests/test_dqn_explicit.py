@@ -121,12 +121,17 @@ def test_the_lean_adam_step_is_the_stock_fused_step_bit_for_bit() -> None:
     assert state["state"][0]["step"].item() == 15
     assert isinstance(opt, Adam) and opt._fused_step(), "the lean path was not taken"
 
-    calls = []
-    handle = opt.register_step_pre_hook(lambda *_: calls.append(1))
+    assert not hasattr(type(opt).step, "__wrapped__"), "torch wrapped the step in its profiler range again"
+
+    calls: list[str] = []
+    pre = opt.register_step_pre_hook(lambda *_: calls.append("pre"))
+    post = opt.register_step_post_hook(lambda *_: calls.append("post"))
     assert not opt._fused_step()
     opt.step()
-    handle.remove()
-    assert calls == [1]
+    pre.remove()
+    post.remove()
+    assert calls == ["pre", "post"]
+    assert opt.state_dict()["state"][0]["step"].item() == 17  # 15, the lean call above, this one
 
 
 def test_configure_torch_flushes_denormals_in_the_calling_thread() -> None:

@@ -151,11 +151,22 @@ class Adam(torch.optim.Adam):
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         if closure is None and self._fused_step():
             return None
+        if getattr(type(self).step, "__wrapped__", None) is not None:  # a torch that wrapped this method
+            return self._stock_step(closure)
+        return self._stock_step_with_hooks(closure)
+
+    # torch wraps an optimizer's step in a profiler range and its hooks unless the method carries this
+    # mark (about 50 us a CartPole step); this one runs the hooks itself, on the stock path.
+    step.hooked = True  # type: ignore[attr-defined]
+
+    def _stock_step(self, closure: Any = None) -> Any:
         raw = getattr(torch.optim.Adam.step, "__wrapped__", None)
         if raw is None or self.defaults.get("differentiable"):
             return super().step(closure)
         with torch.no_grad():
             return raw(self, closure)
+
+    _stock_step_with_hooks = torch.optim.Optimizer.profile_hook_step(_stock_step)
 
     @torch.no_grad()
     def _fused_step(self) -> bool:
