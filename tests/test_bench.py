@@ -351,7 +351,8 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari", "actor_cartpole_dqn",
                 "actor_pendulum_sac", "actor_pong_dqn", "cnn_learner_b32_cpu",
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
-                "transport_atari_64_direct", "learner_opt_steps", "fanin_intake_us_per_batch",
+                "transport_atari_64_direct", "learner_opt_steps", "learner_update_cartpole_dqn",
+                "fanin_intake_us_per_batch",
                 "broadcast_1mb", "broadcast_10mb", "startup_s",
                 "scaling_1_actors", "scaling_halfcheetah_sac_local_vs_bare", "solve_cartpole_dqn_local_vs_train",
                 "solve_pendulum_sac_local_vs_train", "solve_cartpole_dqn_env_steps_local_vs_train",
@@ -373,6 +374,8 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
         assert by_name[f"transport_{kind}_direct"]["goal"] is None
         assert by_name[f"transport_{kind}"]["measured"] == by_name[f"transport_{kind}_direct"]["measured"]
     assert "subscribe to its models like actors" in by_name["learner_opt_steps"]["note"]
+    update = by_name["learner_update_cartpole_dqn"]  # written-out vs autograd update, each window's pair listed
+    assert update["goal"] is None and len(re.findall(r"\d+/\d+", update["note"].split("windows:")[1])) == 2, update
     for name in ("actor_cartpole_dqn", "actor_pendulum_sac", "actor_pong_dqn"):  # the sink counts what the actor sent
         found = re.search(r"sink got (\d+)/(\d+) batches", by_name[name]["note"])
         assert found is not None, by_name[name]["note"]

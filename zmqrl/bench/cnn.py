@@ -9,26 +9,19 @@ double-buffered staging and with plain blocking copies.
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
-from zmqrl.bench.harness import Context, Row, load_config, make_row, median, skipped_row, transition_pool
+from zmqrl.bench.harness import (
+    Context,
+    Row,
+    calls_per_second,
+    load_config,
+    make_row,
+    median,
+    skipped_row,
+    transition_pool,
+)
 
 CONFIG = "pong_dqn.yaml"
 POOL = 2048  # real transitions in replay (distinct frames: sampling touches memory as a full replay would)
-
-
-def _rate(step: Any, seconds: float) -> float:
-    """Calls of ``step`` per second over about ``seconds`` (after two warm-up calls)."""
-    step()
-    step()
-    n, start = 0, time.perf_counter()
-    while True:
-        step()
-        n += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds and n >= 3:
-            return n / elapsed
 
 
 def _measure(c: Context, device: str, batch_size: int, pinned: bool, reps: int) -> tuple[float, float, str]:
@@ -61,9 +54,9 @@ def _measure(c: Context, device: str, batch_size: int, pinned: bool, reps: int) 
     seconds = max(1.0, c.settings.actor_s * 2)
     real, ceiling = [], []
     for _ in range(reps):
-        real.append(_rate(sampled, seconds))
+        real.append(calls_per_second(sampled, seconds))
         sync()
-        ceiling.append(_rate(one_batch, seconds))
+        ceiling.append(calls_per_second(one_batch, seconds))
         sync()
     return median(real), median(ceiling), path.name
 

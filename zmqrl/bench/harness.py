@@ -117,6 +117,19 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def calls_per_second(step: Any, seconds: float) -> float:
+    """Calls of ``step`` per second over about ``seconds`` (after two warm-up calls)."""
+    step()
+    step()
+    n, start = 0, time.perf_counter()
+    while True:
+        step()
+        n += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and n >= 3:
+            return n / elapsed
+
+
 # ------------------------------------------------------------------------------------- settings
 
 

@@ -24,6 +24,7 @@ from zmqrl.bench.harness import (
     Context,
     Procs,
     Row,
+    calls_per_second,
     child_config,
     free_addr,
     load_arrays,
@@ -244,4 +245,51 @@ def run(c: Context) -> list[Row]:
             f"{cfg.actor.n_buffer}-transition batches at up to {rate:,.0f}/s each while not paused; "
             f"{limiter_text}; ingested {median(ingest):,.0f} transitions/s; {rejected:.0f} rejected; "
             f"median of {s.reps}")
-    return [make_row("learner_opt_steps", median(busy), median(idle), "opt steps/s", note, (">=", 0.9))]
+    return [make_row("learner_opt_steps", median(busy), median(idle), "opt steps/s", note, (">=", 0.9)),
+            update_row(c, path)]
+
+
+def update_row(c: Context, path: Path) -> Row:
+    """Learner steps/s (sample, update, priorities) of CartPole's DQN with its written-out MLP update
+    against the same agent's autograd update, alternated in one process under the learner's torch
+    settings (:func:`~zmqrl.agents.torch_util.configure_torch`)."""
+    import torch
+
+    from zmqrl.acting import make_task
+    from zmqrl.agents.dqn.agent import DQNAgent
+    from zmqrl.agents.torch_util import configure_torch
+    from zmqrl.bookkeeping import make_replay_from
+
+    cfg = load_config(path)
+    task = make_task(cfg)
+    replay = make_replay_from(cfg, task.batch_spec())
+    replay.add(transition_pool(cfg, 20_000))
+    agents = {name: task.agent(device="cpu", seed=0) for name in ("explicit", "autograd")}
+
+    def step(name: str) -> Any:
+        agent = agents[name]
+        assert isinstance(agent, DQNAgent)
+        update = agent.update if name == "explicit" else agent.update_autograd
+
+        def one() -> None:
+            batch = replay.sample(cfg.agent.batch_size)
+            _, priorities = update(batch)
+            replay.update_priorities(batch["indices"], priorities)
+        return one
+
+    seconds, reps = max(1.0, c.settings.actor_s * 2), max(1, c.settings.reps) * 2
+    rates: dict[str, list[float]] = {"explicit": [], "autograd": []}
+    configure_torch(cfg.run.torch_threads)
+    try:
+        for rep in range(reps):
+            for name in ("explicit", "autograd") if rep % 2 == 0 else ("autograd", "explicit"):
+                rates[name].append(calls_per_second(step(name), seconds))
+    finally:
+        torch.set_flush_denormal(False)  # this process measures other rows after this one
+    note = (f"{path.name}: replay.sample + DQN update + update_priorities on 20k real CartPole transitions, "
+            f"{cfg.run.torch_threads} torch thread(s), denormals flushed; the written-out MLP update "
+            f"(agents/dqn/explicit.py) vs the same agent's autograd update; medians of {reps} alternated "
+            f"{seconds:g} s windows: " + ", ".join(f"{a:.0f}/{b:.0f}" for a, b in
+                                               zip(rates["explicit"], rates["autograd"], strict=True)))
+    return make_row("learner_update_cartpole_dqn", median(rates["explicit"]), median(rates["autograd"]),
+                    "opt steps/s", note)
