@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -134,10 +135,41 @@ def test_the_lean_adam_step_is_the_stock_fused_step_bit_for_bit() -> None:
     assert opt.state_dict()["state"][0]["step"].item() == 17  # 15, the lean call above, this one
 
 
-def test_configure_torch_flushes_denormals_in_the_calling_thread() -> None:
-    code = ("import torch\nfrom zmqrl.agents.torch_util import configure_torch\n"
-            "x = torch.tensor([1e-39])\nbefore = (x * 1.0).item()\nconfigure_torch(1)\n"
-            "print(before > 0, (x * 1.0).item() == 0.0, torch.get_num_threads())")
+def test_flush_denormals_flushes_in_the_calling_thread_and_restores() -> None:
+    """Flushed while asked, restored to what it was; hypothesis and numpy see the thread's state, so
+    training in a caller's thread must not leave it changed."""
+    code = ("import torch\nfrom zmqrl.agents.torch_util import flush_denormals\n"
+            "x = torch.tensor([1e-39])\nkept = (x * 1.0).item() > 0\nbefore = flush_denormals()\n"
+            "flushed = (x * 1.0).item() == 0.0\nagain = flush_denormals()\nflush_denormals(before)\n"
+            "print(kept, before, flushed, again, (x * 1.0).item() > 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "True", "1"]
+    assert done.stdout.split() == ["True", "False", "True", "True", "True"]
+
+
+def test_zmqrl_train_leaves_the_callers_thread_as_it_found_it(tmp_path: Path) -> None:
+    """``train`` flushes denormals while it trains and not after (the failure this guards against:
+    hypothesis refusing to run in a test process that had called it)."""
+    from zmqrl import config as config_mod
+    from zmqrl.agents import torch_util
+    from zmqrl.train import train
+
+    seen: list[bool] = []
+    real = torch_util.flush_denormals
+
+    def spy(on: bool = True) -> bool:
+        seen.append(on)
+        return real(on)
+
+    cfg = config_mod.load(Path(__file__).parents[1] / "configs" / "cartpole_dqn.yaml",
+                          ["trainer.max_opts=20", "trainer.warmup=64", "trainer.eval_interval=1000"])
+    import zmqrl.train as train_mod
+
+    train_mod.flush_denormals = spy  # type: ignore[assignment]
+    try:
+        summary = train(cfg, tmp_path / "run")
+    finally:
+        train_mod.flush_denormals = real  # type: ignore[assignment]
+    assert summary["opt_steps"] == 20
+    assert seen == [True, False]
+    assert (torch.tensor([1e-39]) * 1.0).item() > 0, "denormals still flushed after train returned"

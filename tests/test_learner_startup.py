@@ -93,7 +93,20 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
     push.setsockopt(zmq.LINGER, 0)
     push.connect(learner.endpoints["data"])
     stop = StopFlag()
-    runner = threading.Thread(target=learner.run, args=(stop,), daemon=True)
+    from zmqrl.agents import torch_util
+
+    flushes: list[bool] = []
+    real_flush = torch_util.flush_denormals
+    monkeypatch.setattr(torch_util, "flush_denormals", lambda on=True: flushes.append(on) or real_flush(on))
+    normal_after: list[bool] = []
+
+    def run_then_probe() -> None:  # the training thread flushes denormals only while it trains
+        learner.run(stop)
+        import torch
+
+        normal_after.append((torch.tensor([1e-39]) * 1.0).item() > 0)
+
+    runner = threading.Thread(target=run_then_probe, daemon=True)
     runner.start()
     try:
         assert sub.poll(10_000), "no model version 0 while the agent was still being built"
@@ -115,6 +128,7 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
         release.set()
         runner.join(60)  # trains its 20 steps and stops
         assert not runner.is_alive() and learner.book.opt_steps == 20
+        assert flushes == [True, False] and normal_after == [True], (flushes, normal_after)
         agent: Any = learner._agent
         target = {k: v.detach().numpy() for k, v in agent.target.state_dict().items()}
         for name, value in expected.items():  # the agent started from the very model actors were given

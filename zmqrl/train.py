@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from zmqrl.acting import STATE_FILE as ENV_STATE_FILE
 from zmqrl.acting import ActingLoop, make_task
-from zmqrl.agents.torch_util import configure_torch, resolve_device
+from zmqrl.agents.torch_util import flush_denormals, resolve_device
 from zmqrl.bookkeeping import (
     Bookkeeper,
     ResumePoint,
@@ -61,8 +63,11 @@ class LoopCounters:
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """Train in this process; returns the summary written to ``summary.json``."""
-    configure_torch(cfg.run.torch_threads)
+    """Train in this process; returns the summary written to ``summary.json``.
+
+    Denormal floats are flushed to zero in the calling thread while it trains (:func:`flush_denormals`).
+    """
+    torch.set_num_threads(cfg.run.torch_threads)
     seed = cfg.run.seed
     seed_everything(seed)
     task = make_task(cfg)
@@ -72,9 +77,11 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
     replay = make_replay_from(cfg, task.batch_spec())
     loop = ActingLoop(cfg, agent, task.exploration(None), seed)
     evaluator = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed + 1_000_000)
+    flushed_before = flush_denormals()
     try:
         return _train(cfg, run_dir, resume, agent, replay, loop, evaluator, device)
     finally:
+        flush_denormals(flushed_before)
         loop.close()
         evaluator.close()
 

@@ -18,6 +18,7 @@ transport          batches/s through the proxy vs a relay inside libzmq         
                    (and vs direct PUSH->PULL: reported, not judged)                   (none)
 learner            opt steps/s while ingesting 4 actors' batches (feeders obey the    >= 0.9
                    rate limiter's pause) vs idle
+                   (and CartPole's written-out DQN update vs its autograd update)     (none)
 broadcast          model publish -> loaded in a subscriber process (median ms)        goal/ms >= 1
 startup            ``zmqrl local`` launch -> first transition in replay (s)           goal/s >= 1
 scaling            env steps/s of ``zmqrl local`` with N actors vs 1 actor            (none)

@@ -252,12 +252,12 @@ def run(c: Context) -> list[Row]:
 def update_row(c: Context, path: Path) -> Row:
     """Learner steps/s (sample, update, priorities) of CartPole's DQN with its written-out MLP update
     against the same agent's autograd update, alternated in one process under the learner's torch
-    settings (:func:`~zmqrl.agents.torch_util.configure_torch`)."""
+    settings (one thread, denormals flushed)."""
     import torch
 
     from zmqrl.acting import make_task
     from zmqrl.agents.dqn.agent import DQNAgent
-    from zmqrl.agents.torch_util import configure_torch
+    from zmqrl.agents.torch_util import flush_denormals
     from zmqrl.bookkeeping import make_replay_from
 
     cfg = load_config(path)
@@ -279,13 +279,14 @@ def update_row(c: Context, path: Path) -> Row:
 
     seconds, reps = max(1.0, c.settings.actor_s * 2), max(1, c.settings.reps) * 2
     rates: dict[str, list[float]] = {"explicit": [], "autograd": []}
-    configure_torch(cfg.run.torch_threads)
+    torch.set_num_threads(cfg.run.torch_threads)
+    flushed_before = flush_denormals()
     try:
         for rep in range(reps):
             for name in ("explicit", "autograd") if rep % 2 == 0 else ("autograd", "explicit"):
                 rates[name].append(calls_per_second(step(name), seconds))
     finally:
-        torch.set_flush_denormal(False)  # this process measures other rows after this one
+        flush_denormals(flushed_before)  # this process measures other rows after this one
     note = (f"{path.name}: replay.sample + DQN update + update_priorities on 20k real CartPole transitions, "
             f"{cfg.run.torch_threads} torch thread(s), denormals flushed; the written-out MLP update "
             f"(agents/dqn/explicit.py) vs the same agent's autograd update; medians of {reps} alternated "

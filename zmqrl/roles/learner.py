@@ -158,6 +158,7 @@ class Learner:
         self._last_params: list[Any] | None = None
         self.first_batch_s: float | None = None
         self.first_update_s: float | None = None
+        self._denormals_before: bool | None = None  # whether denormals were flushed before the loop flushed them
         if self._agent is None:
             self._builder.start()
             log.info("learner: sockets bound after %.1fs; building the agent in the background",
@@ -168,9 +169,9 @@ class Learner:
         """Import torch and build the agent, adopting the published version-0 parameters if any."""
         import torch
 
-        from zmqrl.agents.torch_util import configure_torch, resolve_device
+        from zmqrl.agents.torch_util import resolve_device
 
-        configure_torch(self.cfg.run.torch_threads)
+        torch.set_num_threads(self.cfg.run.torch_threads)
         torch.manual_seed(self.cfg.run.seed)
         agent = self.task.agent(device=resolve_device(self.cfg.run.device), seed=self.cfg.run.seed)
         if self._initial is not None:
@@ -184,9 +185,9 @@ class Learner:
         return agent
 
     def _adopt(self, agent: Agent) -> None:
-        from zmqrl.agents.torch_util import configure_torch
+        import torch
 
-        configure_torch(self.cfg.run.torch_threads)  # per thread (denormals; threads in some builds): this one trains
+        torch.set_num_threads(self.cfg.run.torch_threads)  # (per thread in some builds: this one trains)
         self._agent = agent
         self.book.agent = agent
         log.info("learner: ready in %.1fs", time.monotonic() - self.started)
@@ -369,6 +370,12 @@ class Learner:
         except BaseException:
             self.close()
             raise
+        finally:
+            before, self._denormals_before = self._denormals_before, None
+            if before is False:
+                from zmqrl.agents.torch_util import flush_denormals
+
+                flush_denormals(False)
 
     def _loop(self, stop: StopFlag) -> dict[str, Any]:
         cfg, tc, batch_size = self.cfg, self.cfg.trainer, self.cfg.agent.batch_size
@@ -398,6 +405,10 @@ class Learner:
                 continue
             if throttled:
                 continue
+            if self._denormals_before is None:  # the thread that trains: restored when run() returns
+                from zmqrl.agents.torch_util import flush_denormals
+
+                self._denormals_before = flush_denormals()
             batch = self.replay.sample(batch_size)
             metrics, priorities = self.agent.update(batch)
             if priorities is not None:
