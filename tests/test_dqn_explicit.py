@@ -173,3 +173,18 @@ def test_zmqrl_train_leaves_the_callers_thread_as_it_found_it(tmp_path: Path) ->
     assert summary["opt_steps"] == 20
     assert seen == [True, False]
     assert (torch.tensor([1e-39]) * 1.0).item() > 0, "denormals still flushed after train returned"
+
+
+def test_the_flat_gradients_follow_a_network_moved_in_place() -> None:
+    """``module.to`` swaps every parameter's and gradient's storage in place; the explicit update must
+    notice and write, norm and clip the gradients the optimiser reads, not a stale buffer."""
+    explicit, reference = agents()
+    for step in range(3):
+        explicit.update(make_batch(32, seed=step))
+        reference.update_autograd(make_batch(32, seed=step))
+    explicit.q.to(torch.float64).to(torch.float32)
+    got, _ = explicit.update(make_batch(32, seed=9))
+    want, _ = reference.update_autograd(make_batch(32, seed=9))
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+    for a, b in zip(explicit.q.parameters(), reference.q.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

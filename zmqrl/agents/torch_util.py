@@ -28,7 +28,8 @@ def resolve_device(name: str) -> torch.device:
 
 def flush_denormals(on: bool = True) -> bool:
     """Flush denormal floats to zero in the calling thread (``on``), or stop; returns whether they
-    were flushed before, to restore that when done (the setting is the thread's processor state).
+    were flushed before, to restore that when done (the setting is the thread's processor state:
+    torch's other intra-op threads, with ``run.torch_threads`` above 1, keep theirs).
 
     Adam's moments of weights that stop getting gradients (a ReLU unit that no longer fires) decay
     through the denormal range, where each operation on them is many times slower: flushed, CartPole's

@@ -64,7 +64,8 @@ class ExplicitMLPLoss:
 
     def _bind_grads(self) -> list[torch.Tensor]:
         """Every parameter's ``.grad`` as a view of one flat buffer (made again if something replaced them)."""
-        if not self._grads or any(p.grad is not g for p, g in zip(self.params, self._grads, strict=True)):
+        if (not self._grads or self._grads[0].data_ptr() != self._flat.data_ptr()  # moved by module.to()
+                or any(p.grad is not g for p, g in zip(self.params, self._grads, strict=True))):
             first = self.params[0]
             self._flat = torch.zeros(sum(p.numel() for p in self.params), dtype=first.dtype, device=first.device)
             views, offset = [], 0
