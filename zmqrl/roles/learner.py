@@ -158,7 +158,7 @@ class Learner:
         self._last_params: list[Any] | None = None
         self.first_batch_s: float | None = None
         self.first_update_s: float | None = None
-        self._denormals_before: bool | None = None  # whether denormals were flushed before the loop flushed them
+        self._denormals_before: bool | None = None  # whether denormals were flushed before _first_update flushed them
         if self._agent is None:
             self._builder.start()
             log.info("learner: sockets bound after %.1fs; building the agent in the background",
@@ -304,7 +304,11 @@ class Learner:
         log.info("learner: first batch from %s after %.2fs", sender, self.first_batch_s)
 
     def _first_update(self) -> None:
-        """Note the first optimisation step, in the log and (atomically) in ``RUN_DIR/first_update.json``."""
+        """Note the first optimisation step, in the log and (atomically) in ``RUN_DIR/first_update.json``;
+        from here on this thread trains, so it flushes denormal floats (restored when ``run`` returns)."""
+        from zmqrl.agents.torch_util import flush_denormals
+
+        self._denormals_before = flush_denormals()
         self.first_update_s = time.monotonic() - self.started
         write_json_atomic(self.dir / FIRST_UPDATE_FILE, {
             "first_update_s": self.first_update_s, "time": time.time(), "opt_steps": self.book.opt_steps,
@@ -405,10 +409,6 @@ class Learner:
                 continue
             if throttled:
                 continue
-            if self._denormals_before is None:  # the thread that trains: restored when run() returns
-                from zmqrl.agents.torch_util import flush_denormals
-
-                self._denormals_before = flush_denormals()
             batch = self.replay.sample(batch_size)
             metrics, priorities = self.agent.update(batch)
             if priorities is not None:

@@ -125,25 +125,16 @@ class DQNAgent(DQNPolicy):
         """
         if self._explicit is None:
             return self.update_autograd(batch)
-        t = self._stage({k: batch[k] for k in self.BATCH_KEYS if k in batch})
-        reward = t["reward"].float()
-        weights = t["weights"].float() if "weights" in t else torch.ones_like(reward)
-        loss, q, td, grad_norm = self._explicit(t["obs"], t["action"].long().unsqueeze(1), reward, t["next_obs"],
-                                                t["discount"].float(), weights, self.cfg.max_grad_norm)
+        obs, action, reward, next_obs, discount, weights = self._tensors(batch)
+        loss, q, td, grad_norm = self._explicit(obs, action, reward, next_obs, discount, weights,
+                                                self.cfg.max_grad_norm)
         self.optimizer.step()
         return self._finish_step(loss, q, td, grad_norm)
 
     def update_autograd(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
         """:meth:`update` through autograd, for any network."""
-        t = self._stage({k: batch[k] for k in self.BATCH_KEYS if k in batch})
-        obs = t["obs"]
-        action = t["action"].long().unsqueeze(1)
-        reward = t["reward"].float()
-        discount = t["discount"].float()
-        weights = t["weights"].float() if "weights" in t else torch.ones_like(reward)
-
+        obs, action, reward, next_obs, discount, weights = self._tensors(batch)
         with torch.no_grad():
-            next_obs = t["next_obs"]
             target_q = self.target(next_obs)
             if self.cfg.double:
                 next_action = self.q(next_obs).argmax(dim=1, keepdim=True)
@@ -165,6 +156,13 @@ class DQNAgent(DQNPolicy):
         grad_norm = clip_gradients(self.q, self.cfg.max_grad_norm)
         self.optimizer.step()
         return self._finish_step(loss.detach(), q.detach(), td.detach(), grad_norm.detach())
+
+    def _tensors(self, batch: Mapping[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        """``obs, action (B, 1) int64, reward, next_obs, discount, weights`` (ones if absent) on the device."""
+        t = self._stage({k: batch[k] for k in self.BATCH_KEYS if k in batch})
+        reward = t["reward"].float()
+        weights = t["weights"].float() if "weights" in t else torch.ones_like(reward)
+        return t["obs"], t["action"].long().unsqueeze(1), reward, t["next_obs"], t["discount"].float(), weights
 
     def _finish_step(self, loss: torch.Tensor, q: torch.Tensor, td: torch.Tensor,
                      grad_norm: torch.Tensor) -> tuple[dict[str, float], np.ndarray]:
