@@ -107,6 +107,13 @@ def actors_sending(run_dir: Path) -> bool:
     return all(actors.get(f"actor-{i}", {}).get("batches") for i in (0, 1))
 
 
+def evaluator_running(run_dir: Path) -> bool:
+    """The head launcher (this run of it, not a finished one's file) has started its evaluator, which
+    it does only after the learner's first update."""
+    head = read_json(run_dir / "supervisor" / "head.json") or {}
+    return head.get("state") == "running" and (head.get("roles") or {}).get("evaluator", {}).get("state") == "running"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_job_trains_requeues_resumes_and_cancels(slurm: None, tmp_path: Path) -> None:
@@ -154,8 +161,8 @@ def test_job_trains_requeues_resumes_and_cancels(slurm: None, tmp_path: Path) ->
                  "the requeued job's learner to resume", diag)
         resumed = [int(n) for n in RESUMED.findall((run_dir / "logs" / "learner.log").read_text())]
         assert len(resumed) == 1 and resumed[0] >= at, resumed
-        wait_for(lambda: summary(run_dir).get("opt_steps", 0) > resumed[0] + 50 and actors_sending(run_dir), 120,
-                 "training to go on after the requeue", diag)
+        wait_for(lambda: summary(run_dir).get("opt_steps", 0) > resumed[0] + 50 and actors_sending(run_dir)
+                 and evaluator_running(run_dir), 120, "training to go on after the requeue, evaluator included", diag)
         text = out.read_text()
         assert "received SIGTERM again" not in text, f"a step was signalled twice\n{text}"
         assert "time limit near" in text and "requeueing" in text and "holds a checkpoint; resuming" in text, text
