@@ -259,6 +259,7 @@ def test_set_unreadable_yaml_value() -> None:
     (["run.log_level=loud"], "run.log_level must be one of"),
     (["agent.eps_end=-0.1"], "agent.eps_end must be within [0, 1]"),
     (["trainer.warmup=-1"], "trainer.warmup must be >= 0"),
+    (["net.proxy_hold_ms=-5"], "net.proxy_hold_ms must be >= 0"),
     (["net.data_port=70000"], "net.data_port must be a port number"),
     (["agent.batch_size=64", "replay.capacity=32", "trainer.warmup=64"], "exceeds replay.capacity"),
     (["agent.batch_size=64", "trainer.warmup=10"], "trainer.warmup (10) must be at least agent.batch_size (64)"),

@@ -145,6 +145,7 @@ class NetConfig:
     peer_wait_s: float = 0.0  # give up waiting for a peer after this; 0 waits forever
     max_peers: int = 1024  # senders a learner or proxy keeps counters for; newcomers beyond are refused and counted
     peer_idle_s: float = 600.0  # a sender silent this long may be forgotten to make room for a new one
+    proxy_hold_ms: float = 10.0  # a proxy reads its actors' batches in bursts this far apart (0: each at once)
     security: str = "none"  # none, or curve: CurveZMQ encryption plus a client-key allow-list on every socket
     keys_dir: str = ""  # directory of key files made by `zmqrl keygen` (needed for curve)
     server_key: str = "server"  # key pair that sockets which bind (learner, proxy) use: KEYS_DIR/NAME.key(_secret)
@@ -182,7 +183,7 @@ _UNIT_INTERVAL = {"agent.gamma", "replay.alpha", "replay.beta0", "actor.eps"}
 _NON_NEGATIVE = {"trainer.warmup", "trainer.save_interval", "trainer.max_seconds", "trainer.max_samples_per_insert",
                  "trainer.min_samples_per_insert", "actor.nice", "trainer.latest_interval_s", "actor.eps_alpha",
                  "actor.eps_decay_steps",
-                 "net.peer_wait_s", "net.peer_idle_s"}
+                 "net.peer_wait_s", "net.peer_idle_s", "net.proxy_hold_ms"}
 
 
 def _type_name(tp: Any) -> str:
