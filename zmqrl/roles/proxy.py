@@ -57,6 +57,27 @@ class _Until:
         return time.monotonic() >= self.deadline
 
 
+class _Hold:
+    """When to read again after a burst: ``hold_s`` after it began, unless batches have come, over
+    the last ``WINDOW_S`` or so, faster than half a receive queue (``queue`` batches) per hold; then
+    at once (a flood, or many actors together, gain nothing from a hold)."""
+
+    WINDOW_S = 0.1
+
+    def __init__(self, hold_s: float, queue: int) -> None:
+        self.hold_s, self.queue = hold_s, queue
+        self.rate = 0.0  # batches/s over the last window
+        self._since, self._count = time.monotonic(), 0
+
+    def after(self, woke: float, read: int) -> float:
+        """The time to read again, given a burst that began at ``woke`` and read ``read`` batches."""
+        self._count += read
+        if woke - self._since >= self.WINDOW_S:
+            self.rate = self._count / max(woke - self._since, 1e-9)
+            self._since, self._count = woke, 0
+        return woke + self.hold_s if self.rate * self.hold_s < self.queue / 2 else woke
+
+
 class Proxy:
     """One proxy process: actors' PULL in, learner's PUSH out."""
 
@@ -69,7 +90,6 @@ class Proxy:
         self.pull = make_socket(self.ctx, zmq.PULL, options(cfg.net, SocketOptions.pull(self.limits), data_path=True),
                                 bind=bind_addr, watch=True)
         self.bind_addr = bound_address(self.pull)
-        self.backlog = int(self.pull.getsockopt(zmq.RCVHWM))  # a burst this long: more are waiting, so no hold
         self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push(sndhwm=64), data_path=True),
                                 connect=learner_addr, watch=True)
         self.learner_addr = learner_addr
@@ -163,11 +183,11 @@ class Proxy:
         holds ``net.proxy_hold_ms`` before reading again: waking costs its thread several times what
         handling a batch does (400 batches/s from one actor: 180 us of the thread per batch read one
         at a time, 50 us with the default 10 ms hold), and the learner reads its data socket only
-        every 50 ms anyway. The first batch after a quiet spell is read at once, and so is the next
-        burst when this one found a backlog (a full receive queue): the hold never caps throughput."""
+        every 50 ms anyway. The first batch after a quiet spell is read at once, and there is no hold
+        while batches come faster than half a receive queue per hold: it never caps throughput."""
         log.info("%s: actors connect to %s; forwarding to learner %s", self.name, self.bind_addr, self.learner_addr)
         report, watch = Every(self.cfg.net.stats_interval_s), Every(0.1)
-        hold_s = self.cfg.net.proxy_hold_ms / 1000.0
+        hold = _Hold(self.cfg.net.proxy_hold_ms / 1000.0, int(self.pull.getsockopt(zmq.RCVHWM)))
         while not stop.set and not self.finished:
             if watch():
                 self._watch_models()
@@ -185,8 +205,8 @@ class Proxy:
                     self.handle(frames, stop)
                     if stop.set:
                         break
-                rest = woke + hold_s - time.monotonic()
-                if rest > 0 and read < self.backlog and not stop.set:  # (a backlog: read on at once)
+                rest = hold.after(woke, read) - time.monotonic()
+                if rest > 0 and not stop.set:
                     time.sleep(rest)
             if report():
                 self.send_stats()
