@@ -75,6 +75,7 @@ RATE_MAX = 400_000.0  # offered rates double up to this
 SATURATED = 0.8  # taking in less than this share of the offer: offering more gains nothing
 OVERRIDES = (LIMITER_OFF,)  # the learner's summaries (the figures read) come at its default net.stats_interval_s
 SEQ = b'"seq":0,'  # where a pre-encoded header's sequence number goes
+TICK_S = 0.01  # a sender process sends what is due this often (a few batches per wake-up, not one)
 INTAKE_SENDERS = 64  # the intake row's senders (names, incarnations, sequences the learner accounts)
 INTAKE_PASSES = 5
 
@@ -230,8 +231,8 @@ def send_many(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
                 skipped += due - cap
                 base_n += due - cap
                 due = cap
-            if due <= 0:
-                control_sub.poll(1, zmq.POLLIN)
+            if due <= 0:  # what is due goes out every TICK_S (stand-ins for actors elsewhere: few wake-ups)
+                control_sub.poll(int(TICK_S * 1000), zmq.POLLIN)
                 continue
             for _ in range(due):
                 for _ in range(len(senders)):  # the next sender whose queue has room
