@@ -182,7 +182,7 @@ class Proxy:
         """Forward until stopped or the learner says it finished. After each burst it reads, the proxy
         holds ``net.proxy_hold_ms`` before reading again: waking costs its thread several times what
         handling a batch does (400 batches/s from one actor: 180 us of the thread per batch read one
-        at a time, 50 us with the default 10 ms hold), and the learner reads its data socket only
+        at a time, 50-67 us with the default 10 ms hold), and the learner reads its data socket only
         every 50 ms anyway. The first batch after a quiet spell is read at once, and there is no hold
         while batches come faster than half a receive queue per hold: it never caps throughput."""
         log.info("%s: actors connect to %s; forwarding to learner %s", self.name, self.bind_addr, self.learner_addr)
