@@ -2,9 +2,10 @@
 
 A real ``zmqrl proxy`` process between this test's PUSH (the actors) and a PULL standing in for
 the learner: batches sent one at a time every 10 ms must all arrive, in order, and the proxy must
-have read them in at most one burst per hold; with the hold off it reads far more often. A flood
-goes through at once however long the hold: there is no hold while batches come faster than
-half a receive queue per hold.
+have read them in at most one burst per hold; with the hold off it reads far more often. So must
+many slow actors, together far faster than one. A flood from one actor goes through at once
+however long the hold: there is no hold while one actor's batches come faster than half its
+receive queue per hold.
 """
 
 from __future__ import annotations
@@ -27,59 +28,77 @@ BATCHES = 100
 GAP_S = 0.01  # between two batches sent: 5 per hold below, under half the proxy's receive queue (16)
 
 
-def _through_proxy(tmp_path: Path, procs: Procs, hold_ms: float, batches: int = BATCHES, gap_s: float = GAP_S
-                   ) -> tuple[dict[str, object], float]:
-    """Send ``batches`` batches ``gap_s`` apart (0: as fast as they go) through a proxy holding
-    ``hold_ms``; returns its stats and the seconds from the first paced send to the last batch received."""
+def _through_proxy(tmp_path: Path, procs: Procs, hold_ms: float, batches: int = BATCHES, gap_s: float = GAP_S,
+                   actors: int = 1) -> tuple[dict[str, object], float]:
+    """Send ``batches`` batches ``gap_s`` apart (0: as fast as they go), from ``actors`` actors in
+    turn (after a first one from each), through a proxy holding ``hold_ms``; returns its stats and
+    the seconds from the first send to the last batch received."""
     name = f"proxy-{hold_ms:g}"
     run_dir = tmp_path / name
     ctx = zmq.Context()
     tap = ctx.socket(zmq.PULL)
-    push = ctx.socket(zmq.PUSH)
-    for sock in (tap, push):
+    pushes = [ctx.socket(zmq.PUSH) for _ in range(actors)]
+    for sock in (tap, *pushes):
         sock.setsockopt(zmq.LINGER, 0)
     tap_port = tap.bind_to_random_port("tcp://127.0.0.1")
     proxy_port = free_port()
     arrays = {"reward": np.zeros(64, np.float32)}
-    inc = new_incarnation()
+    incs = [new_incarnation() for _ in range(actors)]
     try:
         proc = procs.role(name, "proxy", "--bind", f"tcp://127.0.0.1:{proxy_port}", "--learner",
                           f"tcp://127.0.0.1:{tap_port}", "--run-dir", str(run_dir), "--name", name,
                           overrides=[f"net.proxy_hold_ms={hold_ms:g}", "net.stats_interval_s=60"])
-        push.connect(f"tcp://127.0.0.1:{proxy_port}")
+        for push in pushes:
+            push.connect(f"tcp://127.0.0.1:{proxy_port}")
 
-        def received() -> list[int]:
-            seqs = []
+        def send(i: int) -> None:
+            actor, seq = i % actors, i // actors
+            pushes[actor].send_multipart(encode(BATCH, sender=f"actor-{actor}", incarnation=incs[actor], seq=seq,
+                                                version=0, arrays=arrays))
+
+        def received() -> list[tuple[str, int]]:
+            got = []
             while tap.poll(0):
                 msg = decode(tap.recv_multipart(), Limits.only({BATCH}))
-                seqs.append(msg.seq)
-            return seqs
+                got.append((msg.sender, msg.seq))
+            return got
 
-        push.send_multipart(encode(BATCH, sender="actor", incarnation=inc, seq=0, version=0, arrays=arrays))
-        wait_for(lambda: tap.poll(100), 60, f"{name} to forward a first batch", lambda: procs.describe())
+        wait_for(lambda: "actors connect to" in proc.text(), 60, f"{name} to bind", lambda: procs.describe())
+        start = time.monotonic()  # every burst comes after this
+        for i in range(actors):  # a first batch from each, so every link is up before the paced ones
+            send(i)
         seqs = received()
-        start = time.monotonic()
-        for seq in range(1, batches + 1):
-            push.send_multipart(encode(BATCH, sender="actor", incarnation=inc, seq=seq, version=0, arrays=arrays))
+
+        def firsts_in() -> bool:
+            seqs.extend(received())
+            return len(seqs) == actors
+
+        wait_for(firsts_in, 60, f"{name} to forward a first batch from each actor", lambda: procs.describe())
+        paced = time.monotonic()
+        for i in range(actors, actors + batches):
+            send(i)
             seqs += received()
-            if gap_s:
-                time.sleep(max(0.0, start + seq * gap_s - time.monotonic()))  # pacing the sends, not waiting on them
+            if gap_s:  # pacing the sends, not waiting on them
+                time.sleep(max(0.0, paced + (i - actors + 1) * gap_s - time.monotonic()))
 
         def all_in() -> bool:
             seqs.extend(received())
-            return len(seqs) == batches + 1
+            return len(seqs) == actors + batches
 
-        wait_for(all_in, 30, f"{name} to forward {batches + 1} batches", lambda: f"got {len(seqs)}\n{procs.describe()}")
+        wait_for(all_in, 30, f"{name} to forward {actors + batches} batches",
+                 lambda: f"got {len(seqs)}\n{procs.describe()}")
         span = time.monotonic() - start
-        assert seqs == list(range(batches + 1)), seqs
+        for actor in range(actors):  # each actor's batches in order, none missing
+            mine = [seq for sender, seq in seqs if sender == f"actor-{actor}"]
+            assert mine == list(range(len(mine))), (actor, mine)
         assert proc.stop() == 0, procs.describe()
     finally:
-        tap.close()
-        push.close()
+        for sock in (tap, *pushes):
+            sock.close()
         ctx.term()
     stats = read_json(run_dir / "roles" / f"{name}.json")
     assert stats is not None, procs.describe()
-    assert stats["forwarded"] == batches + 1, stats
+    assert stats["forwarded"] == actors + batches, stats
     return stats, span
 
 
@@ -87,13 +106,22 @@ def _through_proxy(tmp_path: Path, procs: Procs, hold_ms: float, batches: int = 
 def test_proxy_reads_in_bursts_at_most_once_per_hold(tmp_path: Path, procs: Procs) -> None:
     hold_s = 0.05
     held, span = _through_proxy(tmp_path, procs, hold_s * 1000)
-    # the first batch's burst, then bursts at least hold_s apart within the span of the paced ones
+    # bursts at least hold_s apart, all within the span from the first send (and one for rounding)
     most = 2 + span / hold_s
     assert 2 <= held["bursts"] <= most, (held["bursts"], span)
 
     # without the hold, the same paced batches are read nearly one at a time
     at_once, span0 = _through_proxy(tmp_path, procs, 0)
     assert at_once["bursts"] > 2 + span0 / hold_s, (at_once["bursts"], span0)
+
+
+@pytest.mark.timeout(120)
+def test_proxy_holds_for_many_slow_actors(tmp_path: Path, procs: Procs) -> None:
+    # 16 actors, each 40 batches/s: 32 batches per 50 ms hold in all, 2 from each actor; the hold
+    # is judged per actor (each has its own receive queue), so the proxy still reads in bursts
+    hold_s = 0.05
+    stats, span = _through_proxy(tmp_path, procs, hold_s * 1000, batches=320, gap_s=1 / 640, actors=16)
+    assert 2 <= stats["bursts"] <= 2 + span / hold_s, (stats["bursts"], span)
 
 
 @pytest.mark.timeout(120)

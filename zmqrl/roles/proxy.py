@@ -58,23 +58,25 @@ class _Until:
 
 
 class _Hold:
-    """When to read again after a burst: ``hold_s`` after it began, unless batches have come, over
-    the last ``WINDOW_S`` or so, faster than half a receive queue (``queue`` batches) per hold; then
-    at once (a flood, or many actors together, gain nothing from a hold)."""
+    """When to read again after a burst: ``hold_s`` after it began, unless one actor's batches have
+    come, over the last ``WINDOW_S`` or so, faster than half its receive queue (``queue`` batches)
+    per hold; then at once (one actor's flood would fill its queue and wait on the hold; many slow
+    actors together fill none)."""
 
     WINDOW_S = 0.1
 
     def __init__(self, hold_s: float, queue: int) -> None:
         self.hold_s, self.queue = hold_s, queue
-        self.rate = 0.0  # batches/s over the last window
-        self._since, self._count = time.monotonic(), 0
+        self.rate = 0.0  # batches/s of the busiest actor over the last window
+        self.seen: collections.Counter[str] = collections.Counter()  # batches per actor this window
+        self._since = time.monotonic()
 
-    def after(self, woke: float, read: int) -> float:
-        """The time to read again, given a burst that began at ``woke`` and read ``read`` batches."""
-        self._count += read
+    def after(self, woke: float) -> float:
+        """The time to read again after a burst that began at ``woke``."""
         if woke - self._since >= self.WINDOW_S:
-            self.rate = self._count / max(woke - self._since, 1e-9)
-            self._since, self._count = woke, 0
+            self.rate = max(self.seen.values(), default=0) / max(woke - self._since, 1e-9)
+            self.seen.clear()
+            self._since = woke
         return woke + self.hold_s if self.rate * self.hold_s < self.queue / 2 else woke
 
 
@@ -90,6 +92,7 @@ class Proxy:
         self.pull = make_socket(self.ctx, zmq.PULL, options(cfg.net, SocketOptions.pull(self.limits), data_path=True),
                                 bind=bind_addr, watch=True)
         self.bind_addr = bound_address(self.pull)
+        self.hold = _Hold(cfg.net.proxy_hold_ms / 1000.0, int(self.pull.getsockopt(zmq.RCVHWM)))
         self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push(sndhwm=64), data_path=True),
                                 connect=learner_addr, watch=True)
         self.learner_addr = learner_addr
@@ -140,6 +143,7 @@ class Proxy:
             self.ratelog.warn(f"bad-{exc.reason}", f"{self.name}: dropped a bad message on {self.bind_addr}: {exc}")
             return
         sender = header["sender"]
+        self.hold.seen[sender] += 1
         accept, lost = self.sequences.observe(sender, header["inc"], header["seq"])
         counts = self.per_actor.admit(sender)
         if counts is None:  # more actors than net.max_peers: refused (counted by the sequence tracker)
@@ -184,10 +188,10 @@ class Proxy:
         handling a batch does (400 batches/s from one actor: 180 us of the thread per batch read one
         at a time, 50-67 us with the default 10 ms hold), and the learner reads its data socket only
         every 50 ms anyway. The first batch after a quiet spell is read at once, and there is no hold
-        while batches come faster than half a receive queue per hold: it never caps throughput."""
+        while one actor's batches come faster than half its receive queue per hold: it never caps
+        throughput."""
         log.info("%s: actors connect to %s; forwarding to learner %s", self.name, self.bind_addr, self.learner_addr)
         report, watch = Every(self.cfg.net.stats_interval_s), Every(0.1)
-        hold = _Hold(self.cfg.net.proxy_hold_ms / 1000.0, int(self.pull.getsockopt(zmq.RCVHWM)))
         while not stop.set and not self.finished:
             if watch():
                 self._watch_models()
@@ -195,17 +199,15 @@ class Proxy:
                 woke = time.monotonic()
                 self.bursts += 1
                 # Drain what is queued before looking at the clock again.
-                read = 0
-                while read < 1000:
+                for _ in range(1000):
                     try:
                         frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    read += 1
                     self.handle(frames, stop)
                     if stop.set:
                         break
-                rest = hold.after(woke, read) - time.monotonic()
+                rest = self.hold.after(woke) - time.monotonic()
                 if rest > 0 and not stop.set:
                     time.sleep(rest)
             if report():
