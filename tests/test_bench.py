@@ -95,6 +95,7 @@ def test_presets_shorten_and_overrides_apply() -> None:
     assert full.seeds == 5 and quick.seeds == 1
     assert smoke.actor_s * smoke.actor_reps < quick.actor_s * quick.actor_reps < full.actor_s * full.actor_reps
     assert quick.solve_budget_s < full.solve_budget_s
+    assert smoke.paced_s < quick.paced_s < full.paced_s
     assert bench.Settings.preset("quick", seeds=5, solve_budget_s=None).seeds == 5
     with pytest.raises(ValueError):
         bench.Settings.preset("slow")
@@ -351,7 +352,8 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari", "actor_cartpole_dqn",
                 "actor_pendulum_sac", "actor_pong_dqn", "cnn_learner_b32_cpu",
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
-                "transport_atari_64_direct", "learner_opt_steps", "learner_update_cartpole_dqn",
+                "transport_atari_64_direct", "transport_proxy_cpu_paced", "learner_opt_steps",
+                "learner_update_cartpole_dqn",
                 "fanin_intake_us_per_batch",
                 "broadcast_1mb", "broadcast_10mb", "startup_s",
                 "scaling_1_actors", "scaling_halfcheetah_sac_local_vs_bare", "solve_cartpole_dqn_local_vs_train",
@@ -373,6 +375,8 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
         assert by_name[f"transport_{kind}"]["goal"] == ">= 0.9"
         assert by_name[f"transport_{kind}_direct"]["goal"] is None
         assert by_name[f"transport_{kind}"]["measured"] == by_name[f"transport_{kind}_direct"]["measured"]
+    paced = by_name["transport_proxy_cpu_paced"]  # the proxy's CPU per batch with its hold vs without
+    assert paced["goal"] is None and paced["unit"] == "us" and "net.proxy_hold_ms=0" in paced["note"], paced
     assert "subscribe to its models like actors" in by_name["learner_opt_steps"]["note"]
     update = by_name["learner_update_cartpole_dqn"]  # written-out vs autograd update, each window's pair listed
     assert update["goal"] is None and len(re.findall(r"\d+/\d+", update["note"].split("windows:")[1])) == 2, update

@@ -143,6 +143,7 @@ class Settings:
     actor_s: float = 1.5  # seconds per actor measurement
     small_messages: int = 20_000  # transport: messages of 1024 small transitions (4 float32 obs)
     large_messages: int = 400  # transport: messages of 64 transitions of 4x84x84 uint8 frames
+    paced_s: float = 4.0  # transport: seconds one actor sends paced batches through each proxy setting
     learner_s: float = 8.0  # seconds of optimisation per learner measurement window
     settle_s: float = 2.0  # seconds before a learner window opens (senders connected, loop running)
     publishes: int = 50  # model broadcasts per model size
@@ -167,13 +168,13 @@ class Settings:
         """``full`` (the longest), ``quick`` (a few minutes) or ``smoke`` (plumbing only, figures meaningless)."""
         if mode == "quick":
             base = cls(mode="quick", reps=1, actor_reps=2, actor_s=1.5, small_messages=5000, large_messages=100,
-                       learner_s=4.0, settle_s=1.5, publishes=20, scaling_window_s=5.0, startup_reps=1, seeds=1,
-                       solve_budget_s=60.0, fanin_window_s=2.0, fanin_refine=1, intake_batches=500)
+                       paced_s=2.0, learner_s=4.0, settle_s=1.5, publishes=20, scaling_window_s=5.0, startup_reps=1,
+                       seeds=1, solve_budget_s=60.0, fanin_window_s=2.0, fanin_refine=1, intake_batches=500)
         elif mode == "smoke":
             base = cls(mode="smoke", reps=1, actor_reps=1, actor_s=0.5, small_messages=300, large_messages=20,
-                       learner_s=1.0, settle_s=1.0, publishes=5, publish_gap_s=0.05, scaling=(1,), scaling_window_s=0.0,
-                       startup_reps=1, seeds=1, solve_budget_s=14.0, fanin=(8,), fanin_window_s=1.0, fanin_refine=0,
-                       intake_batches=100)
+                       paced_s=0.5, learner_s=1.0, settle_s=1.0, publishes=5, publish_gap_s=0.05, scaling=(1,),
+                       scaling_window_s=0.0, startup_reps=1, seeds=1, solve_budget_s=14.0, fanin=(8,),
+                       fanin_window_s=1.0, fanin_refine=0, intake_batches=100)
         elif mode == "full":
             base = cls()
         else:
@@ -414,11 +415,18 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
-def cpu_seconds(pid: int, thread: int | None = None) -> float:
-    """CPU time (user + system) of process ``pid`` (all its threads), or of one of its threads; 0 when gone."""
+def cpu_seconds(pid: int, thread: int | None = None, fine: bool = False) -> float:
+    """CPU time (user + system) of process ``pid`` (all its threads), or of one of its threads; 0 when
+    gone. ``fine``: every thread's nanoseconds from the scheduler, not the process's clock ticks (10 ms)."""
     if thread is not None:  # nanoseconds on a CPU, from the scheduler
         text = read_text(f"/proc/{pid}/task/{thread}/schedstat")
         return int(text.split()[0]) / 1e9 if text else 0.0
+    if fine:
+        try:
+            threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return 0.0
+        return sum(cpu_seconds(pid, t) for t in threads)
     stat = read_text(f"/proc/{pid}/stat")
     if stat is None:
         return 0.0

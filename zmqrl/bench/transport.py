@@ -1,4 +1,5 @@
-"""Transport group: batches/s through the real proxy vs a relay inside libzmq, and vs direct PUSH->PULL."""
+"""Transport group: batches/s through the real proxy vs a relay inside libzmq, and vs direct PUSH->PULL;
+and the proxy's CPU per batch when one actor sends at an actor's pace, with its hold and without."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from zmqrl.bench.harness import (
     Row,
     child_config,
     child_result,
+    cpu_seconds,
     free_addr,
     make_row,
     median,
@@ -24,10 +26,12 @@ from zmqrl.bench.harness import (
 )
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import options
-from zmqrl.wire import BATCH, SocketOptions, encode, make_socket, new_incarnation, send_frames
+from zmqrl.wire import BATCH, PACK_MAGIC, SocketOptions, encode, make_socket, new_incarnation, pack, send_frames
 
 CONFIG = "cartpole_dqn.yaml"  # the proxy's config (its socket options); the payloads are fixed below
 PROXY_GOAL = 0.9  # the proxy reaches at least this share of the libzmq relay's rate
+PACED_RATE = 400.0  # batches/s of the paced rows' actor: 64-transition batches, a CartPole actor's pace
+PACED_BATCH = 64
 
 
 def payload(kind: str, seed: int = 0) -> dict[str, np.ndarray]:
@@ -48,7 +52,7 @@ def payload(kind: str, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def recv(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
-    """Helper process: PULL exactly ``n`` batches (single-frame stats messages are skipped); time first to last."""
+    """Helper process: PULL exactly ``n`` batches (stats reports are skipped); time first to last."""
     net = child_config(p).net
     ctx = zmq.Context(io_threads=1)
     pull = make_socket(ctx, zmq.PULL, options(net, SocketOptions.pull(rcvhwm=64), data_path=True), bind=p["bind"])
@@ -64,8 +68,8 @@ def recv(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
                     frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                if len(frames) < 2:
-                    continue
+                if len(frames) < 2 and bytes(frames[0].buffer[:len(PACK_MAGIC)]) != PACK_MAGIC:
+                    continue  # a proxy's stats report, not a batch
                 last = time.perf_counter()
                 if count == 0:
                     first = last
@@ -135,6 +139,77 @@ def send(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     return {"sent": sent}
 
 
+def send_paced(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
+    """Helper process: PUSH ``n`` batches of ``PACED_BATCH`` CartPole transitions, packed into one frame
+    as an actor sends a small batch, ``PACED_RATE`` a second, each as it comes due."""
+    net = child_config(p).net
+    arrays = {k: v[:PACED_BATCH] for k, v in payload("cartpole").items()}
+    inc = new_incarnation()
+    messages = [pack(encode(BATCH, sender="bench-actor", incarnation=inc, seq=i, version=0, arrays=arrays,
+                            meta={"actor": 0})) for i in range(int(p["n"]))]
+    ctx = zmq.Context(io_threads=1)
+    push = make_socket(ctx, zmq.PUSH, options(net, SocketOptions.push(sndhwm=16), data_path=True),
+                       connect=p["connect"])
+    sent, start = 0, time.monotonic()
+    try:
+        for message in messages:
+            if stop.set:
+                break
+            push.send(message)
+            sent += 1
+            time.sleep(max(0.0, start + sent / PACED_RATE - time.monotonic()))
+    finally:
+        push.close(linger=int(p["timeout_s"] * 1000))
+        ctx.term()
+    return {"sent": sent}
+
+
+def _paced_once(c: Context, procs: Procs, common: dict[str, Any], proxy: Proc, proxy_addr: str, recv_addr: str,
+                n: int, tag: str) -> float:
+    """CPU seconds (all its threads) ``proxy`` spent per batch while forwarding ``n`` paced batches."""
+    timeout = 60.0 + 2 * n / PACED_RATE
+    out_r = c.path(f"recv-{tag}.json")
+    receiver = procs.child(f"recv-{tag}", recv, {**common, "bind": recv_addr, "n": n, "out": str(out_r),
+                                                 "timeout_s": timeout})
+    before = cpu_seconds(proxy.popen.pid, fine=True)
+    sender = procs.child(f"send-{tag}", send_paced, {**common, "connect": proxy_addr, "n": n,
+                                                     "out": str(c.path(f"send-{tag}.json")), "timeout_s": timeout})
+    result = child_result(receiver, out_r, timeout + 15)
+    used = cpu_seconds(proxy.popen.pid, fine=True) - before
+    sender.wait(15.0)
+    if result["count"] < n:
+        raise receiver.failure(f"received {result['count']}/{n} paced batches via {proxy.name}")
+    return used / n
+
+
+def paced_row(c: Context, procs: Procs, common: dict[str, Any], path: Any) -> Row:
+    """The proxy's CPU per batch, one actor sending at ``PACED_RATE``: with its hold (the default
+    ``net.proxy_hold_ms``) against ``net.proxy_hold_ms=0``, alternated."""
+    s = c.settings
+    n = max(20, round(PACED_RATE * s.paced_s))
+    recv_addr = free_addr()
+    proxies = {}
+    for hold in ("default", "0"):
+        addr = free_addr()
+        sets = ["--set", "run.log_level=warning"] + (["--set", "net.proxy_hold_ms=0"] if hold == "0" else [])
+        proxies[hold] = (procs.start(f"paced-proxy-{hold}", zmqrl_argv(
+            "proxy", str(path), "--bind", addr, "--learner", recv_addr, "--models", free_addr(), *sets)), addr)
+    for hold, (proc, addr) in proxies.items():  # each proxy up and linked before anything is timed
+        _paced_once(c, procs, common, proc, addr, recv_addr, 20, f"paced-{hold}-warmup")
+    per: dict[str, list[float]] = {"default": [], "0": []}
+    for rep in range(s.reps):
+        for hold, (proc, addr) in proxies.items():
+            if not proc.alive():
+                raise proc.failure(f"{proc.name} exited")
+            per[hold].append(_paced_once(c, procs, common, proc, addr, recv_addr, n, f"paced-{hold}-{rep}"))
+    held, unheld = median(per["default"]) * 1e6, median(per["0"]) * 1e6
+    return make_row(
+        "transport_proxy_cpu_paced", held, unheld, "us",
+        f"`zmqrl proxy` process CPU (every thread) per {PACED_BATCH}-transition batch, one actor sending "
+        f"{PACED_RATE:.0f} batches/s as they come due, {n} batches, median of {s.reps}: with its default hold "
+        f"(net.proxy_hold_ms) vs net.proxy_hold_ms=0 (each batch read as it comes), alternated")
+
+
 def _once(c: Context, procs: Procs, common: dict[str, Any], kind: str, n: int, send_to: str, recv_at: str,
           tag: str) -> float:
     """Batches/s of one sender -> receiver run of ``n`` messages (through whatever listens at ``send_to``)."""
@@ -194,4 +269,7 @@ def run(c: Context) -> list[Row]:
                 f"{what}: through `zmqrl proxy` vs direct PUSH->PULL (not judged: the relay reached "
                 f"{ceiling / direct:.2f} of direct, the most any hop reaches with 3 processes on "
                 f"{os.cpu_count()} CPUs)"))
+        proxy.stop(10.0)
+        relay_proc.stop(10.0)
+        rows.append(paced_row(c, procs, common, path))
     return rows

@@ -184,12 +184,12 @@ class Proxy:
 
     def run(self, stop: StopFlag) -> None:
         """Forward until stopped or the learner says it finished. After each burst it reads, the proxy
-        holds ``net.proxy_hold_ms`` before reading again: waking costs its thread several times what
-        handling a batch does (400 batches/s from one actor: 180 us of the thread per batch read one
-        at a time, 50-67 us with the default 10 ms hold), and the learner reads its data socket only
-        every 50 ms anyway. The first batch after a quiet spell is read at once, and there is no hold
-        while one actor's batches come faster than half its receive queue per hold: it never caps
-        throughput."""
+        holds ``net.proxy_hold_ms`` before reading again: waking costs it more than handling a batch
+        (one actor at 400 batches/s: 172 us of the process's CPU per batch read one at a time, 102 us
+        with the default 10 ms hold; bench row ``transport_proxy_cpu_paced``), and the learner reads
+        its data socket only every 50 ms anyway. The first batch after a quiet spell is read at once,
+        and there is no hold while one actor's batches come faster than half its receive queue per
+        hold: it never caps throughput."""
         log.info("%s: actors connect to %s; forwarding to learner %s", self.name, self.bind_addr, self.learner_addr)
         report, watch = Every(self.cfg.net.stats_interval_s), Every(0.1)
         while not stop.set and not self.finished:

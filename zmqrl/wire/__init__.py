@@ -6,6 +6,7 @@ the network is ever unpickled.
 
 from .codec import (
     OPTIONAL_FIELDS,
+    PACK_MAGIC,
     BatchSpec,
     check_batch,
     check_batch_spec,
@@ -93,6 +94,7 @@ __all__ = [
     "bound_address",
     "BatchSpec",
     "OPTIONAL_FIELDS",
+    "PACK_MAGIC",
     "check_batch",
     "check_batch_spec",
     "decode",
