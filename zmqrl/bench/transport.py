@@ -115,49 +115,33 @@ def relay(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
 
 
 def send(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
-    """Helper process: PUSH ``n`` BATCH messages of one payload as fast as the link takes them (encoded up front)."""
+    """Helper process: PUSH ``n`` BATCH messages of one payload (encoded up front) as fast as the link
+    takes them, or ``rate`` a second, each as it comes due. ``batch``: the payload's first that many
+    transitions, packed into one frame as an actor sends a small batch."""
     net = child_config(p).net
     arrays = payload(p["payload"])
+    batch, rate = int(p.get("batch", 0)), float(p.get("rate", 0.0))
+    if batch:
+        arrays = {k: v[:batch] for k, v in arrays.items()}
     inc = new_incarnation()
     messages = [encode(BATCH, sender="bench-sender", incarnation=inc, seq=i, version=0, arrays=arrays,
                        meta={"actor": 0}) for i in range(int(p["n"]))]
+    if batch:
+        messages = [[pack(frames)] for frames in messages]
     ctx = zmq.Context(io_threads=1)
     opts = options(net, SocketOptions.push(sndhwm=16, sndtimeo_ms=int(p["timeout_s"] * 1000)), data_path=True)
     push = make_socket(ctx, zmq.PUSH, opts, connect=p["connect"])
-    sent = 0
+    sent, start = 0, time.monotonic()
     try:
         for frames in messages:
             if stop.set:
                 break
             send_frames(push, frames)
             sent += 1
+            if rate:
+                time.sleep(max(0.0, start + sent / rate - time.monotonic()))
     except zmq.Again:
         pass  # nobody took the messages within the timeout: the parent reports it
-    finally:
-        push.close(linger=int(p["timeout_s"] * 1000))
-        ctx.term()
-    return {"sent": sent}
-
-
-def send_paced(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
-    """Helper process: PUSH ``n`` batches of ``PACED_BATCH`` CartPole transitions, packed into one frame
-    as an actor sends a small batch, ``PACED_RATE`` a second, each as it comes due."""
-    net = child_config(p).net
-    arrays = {k: v[:PACED_BATCH] for k, v in payload("cartpole").items()}
-    inc = new_incarnation()
-    messages = [pack(encode(BATCH, sender="bench-actor", incarnation=inc, seq=i, version=0, arrays=arrays,
-                            meta={"actor": 0})) for i in range(int(p["n"]))]
-    ctx = zmq.Context(io_threads=1)
-    push = make_socket(ctx, zmq.PUSH, options(net, SocketOptions.push(sndhwm=16), data_path=True),
-                       connect=p["connect"])
-    sent, start = 0, time.monotonic()
-    try:
-        for message in messages:
-            if stop.set:
-                break
-            push.send(message)
-            sent += 1
-            time.sleep(max(0.0, start + sent / PACED_RATE - time.monotonic()))
     finally:
         push.close(linger=int(p["timeout_s"] * 1000))
         ctx.term()
@@ -172,8 +156,9 @@ def _paced_once(c: Context, procs: Procs, common: dict[str, Any], proxy: Proc, p
     receiver = procs.child(f"recv-{tag}", recv, {**common, "bind": recv_addr, "n": n, "out": str(out_r),
                                                  "timeout_s": timeout})
     before = cpu_seconds(proxy.popen.pid, fine=True)
-    sender = procs.child(f"send-{tag}", send_paced, {**common, "connect": proxy_addr, "n": n,
-                                                     "out": str(c.path(f"send-{tag}.json")), "timeout_s": timeout})
+    sender = procs.child(f"send-{tag}", send, {**common, "connect": proxy_addr, "payload": "cartpole", "n": n,
+                                               "batch": PACED_BATCH, "rate": PACED_RATE,
+                                               "out": str(c.path(f"send-{tag}.json")), "timeout_s": timeout})
     result = child_result(receiver, out_r, timeout + 15)
     used = cpu_seconds(proxy.popen.pid, fine=True) - before
     sender.wait(15.0)
