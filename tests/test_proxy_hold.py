@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -65,27 +66,25 @@ def _through_proxy(tmp_path: Path, procs: Procs, hold_ms: float, batches: int = 
 
         wait_for(lambda: "actors connect to" in proc.text(), 60, f"{name} to bind", lambda: procs.describe())
         start = time.monotonic()  # every burst comes after this
+        seqs: list[tuple[str, int]] = []
+
+        def reached(count: int) -> Callable[[], bool]:
+            """Whether ``count`` batches in all have come through, reading what has."""
+            def check() -> bool:
+                seqs.extend(received())
+                return len(seqs) == count
+            return check
+
         for i in range(actors):  # a first batch from each, so every link is up before the paced ones
             send(i)
-        seqs = received()
-
-        def firsts_in() -> bool:
-            seqs.extend(received())
-            return len(seqs) == actors
-
-        wait_for(firsts_in, 60, f"{name} to forward a first batch from each actor", lambda: procs.describe())
+        wait_for(reached(actors), 60, f"{name} to forward a first batch from each actor", lambda: procs.describe())
         paced = time.monotonic()
         for i in range(actors, actors + batches):
             send(i)
             seqs += received()
             if gap_s:  # pacing the sends, not waiting on them
                 time.sleep(max(0.0, paced + (i - actors + 1) * gap_s - time.monotonic()))
-
-        def all_in() -> bool:
-            seqs.extend(received())
-            return len(seqs) == actors + batches
-
-        wait_for(all_in, 30, f"{name} to forward {actors + batches} batches",
+        wait_for(reached(actors + batches), 30, f"{name} to forward {actors + batches} batches",
                  lambda: f"got {len(seqs)}\n{procs.describe()}")
         span = time.monotonic() - start
         for actor in range(actors):  # each actor's batches in order, none missing
