@@ -201,44 +201,86 @@ def test_a_new_model_is_applied_within_a_few_steps(rig: Rig) -> None:
     assert max(m.meta["max_version"] for m in msgs) == 5
 
 
+def acting_with(rig: Rig, meta: dict[str, Any]) -> threading.Thread:
+    """The actor's ``run`` in a thread, started once its SUB has received a model with ``meta``."""
+    rig.actor.send_linger_s = 0.0
+    deadline = time.monotonic() + 20
+    while not rig.actor.sub.poll(20, zmq.POLLIN):
+        assert time.monotonic() < deadline, "the actor's SUB never received a model"
+        rig.publish(0, meta)
+    thread = threading.Thread(target=rig.actor.run, args=(rig.stop,), kwargs={"max_env_steps": 10_000_000})
+    thread.start()
+    return thread
+
+
+def publish_until(rig: Rig, thread: threading.Thread, done: Callable[[], bool], meta: dict[str, Any],
+                  what: str, seconds: float = 20.0) -> None:
+    """Publish a model with ``meta`` every 20 ms until ``done()`` (which must come within ``seconds``)."""
+    end = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < end and thread.is_alive(), f"{what}: {rig.actor.stats.as_dict()}"
+        rig.publish(0, meta)
+        time.sleep(0.02)
+
+
+def stop_and_check(rig: Rig, thread: threading.Thread) -> None:
+    rig.stop.set = True
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    check_stream(rig.received(), rig)
+
+
+def largest_batch(rig: Rig) -> int:
+    """A batch is finished at n_buffer or more: one vector step adds up to num_envs * n_step (episode ends)."""
+    return rig.cfg.actor.n_buffer - 1 + rig.cfg.env.num_envs * rig.cfg.agent.n_step
+
+
 def test_an_actor_holds_at_the_learners_start_up_quota_until_a_model_lifts_it(rig: Rig) -> None:
     """While the learner loads torch its models carry ``quota``: the actor makes that many
     transitions (whole batches: at most one batch more) and holds, whatever else comes with the
     same quota, until a model without one."""
-    actor, quota, n_buffer = rig.actor, 100, rig.cfg.actor.n_buffer
-    # a batch is finished at n_buffer or more: one vector step adds up to num_envs * n_step (episode ends)
-    largest_batch = n_buffer - 1 + rig.cfg.env.num_envs * rig.cfg.agent.n_step
-    rig.actor.send_linger_s = 0.0
+    actor, quota = rig.actor, 100
     with_quota = {"pause": False, "quota": quota}
-    deadline = time.monotonic() + 20
-    while not actor.sub.poll(20, zmq.POLLIN):
-        assert time.monotonic() < deadline, "the actor's SUB never received a model"
-        rig.publish(0, with_quota)
-    thread = threading.Thread(target=actor.run, args=(rig.stop,), kwargs={"max_env_steps": 10_000_000})
-    thread.start()
+    thread = acting_with(rig, with_quota)
     try:
-        def publish_until(done: Callable[[], bool], meta: dict[str, Any], what: str, seconds: float = 20.0) -> None:
-            end = time.monotonic() + seconds
-            while not done():
-                assert time.monotonic() < end and thread.is_alive(), f"{what}: {actor.stats.as_dict()}"
-                rig.publish(0, meta)
-                time.sleep(0.02)
-
-        publish_until(lambda: actor._hold and actor.stats.transitions >= quota, with_quota, "no hold at the quota")
+        publish_until(rig, thread, lambda: actor._hold and actor.stats.transitions >= quota, with_quota,
+                      "no hold at the quota")
         held = actor.stats.transitions
         # it holds for as long as the learner keeps sending the quota (a window, not a wait)
         end = time.monotonic() + 0.5
-        publish_until(lambda: time.monotonic() >= end, with_quota, "")
-        assert actor.stats.transitions == held and quota <= held < quota + largest_batch, (held, quota)
-        publish_until(lambda: actor.stats.transitions >= held + 5 * n_buffer, {"pause": False},
-                      "the actor did not go on once a model came without a quota")
+        publish_until(rig, thread, lambda: time.monotonic() >= end, with_quota, "")
+        assert actor.stats.transitions == held and quota <= held < quota + largest_batch(rig), (held, quota)
+        publish_until(rig, thread, lambda: actor.stats.transitions >= held + 5 * rig.cfg.actor.n_buffer,
+                      {"pause": False}, "the actor did not go on once a model came without a quota")
     finally:
-        rig.stop.set = True
-        thread.join(timeout=30)
-    assert not thread.is_alive()
-    msgs = rig.received()
-    check_stream(msgs, rig)
-    assert actor.stats.paused_s >= 0.4, actor.stats.as_dict()
+        stop_and_check(rig, thread)
+
+
+def test_an_actor_makes_its_allowance_per_model_and_then_holds_until_the_next(rig: Rig) -> None:
+    """While the learner trains its models carry ``allow``: after each model the actor makes at
+    most that many more transitions (whole batches) and holds until another model comes, so a
+    learner that stalls (a slow update, a checkpoint) gets a bounded burst, not an unbounded one."""
+    actor, allow = rig.actor, 80
+    thread = acting_with(rig, {"pause": False, "allow": allow})
+    try:
+        held = None  # what the actor had made when it last held (and the next model came)
+        for grant in range(3):
+            deadline = time.monotonic() + 20
+            while not (actor.version == grant and actor._hold and actor.quota is not None
+                       and actor.made >= actor.quota):
+                assert time.monotonic() < deadline and thread.is_alive(), actor.stats.as_dict()
+                time.sleep(0.01)
+            made, quota = actor.made, actor.quota
+            time.sleep(0.5)  # a window in which no model comes: nothing more is made
+            assert actor.made == made and 0 <= made - quota < largest_batch(rig), (grant, made, quota)
+            if held is not None:  # the model came while it held: exactly ``allow`` more than it had then
+                assert quota == held + allow, (grant, held, quota)
+            held = made
+            rig.publish(grant + 1, {"pause": False, "allow": allow})  # the next model: the next allowance
+        publish_until(rig, thread, lambda: actor.made >= made + 10 * allow, {"pause": False},
+                      "the actor did not go on once a model came without an allowance")
+    finally:
+        stop_and_check(rig, thread)
 
 
 def test_priorities_of_the_numpy_policy_match_two_forward_passes(rig: Rig) -> None:

@@ -143,6 +143,49 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
     assert (tmp_path / "run" / "checkpoints" / "latest").is_dir()
 
 
+def test_models_carry_the_start_up_quota_while_torch_loads_and_an_allowance_once_it_trains(
+        tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What bounds each actor: ``quota`` (absolute: trainer.warmup) before the agent is built,
+    ``allow`` (per model: twice a sync's worth of data at min_samples_per_insert) once it trains."""
+    cfg = cartpole_cfg("run.seed=3", "trainer.warmup=64", "trainer.stop_return=null", "trainer.max_opts=60",
+                       "trainer.sync_interval=10", "trainer.min_samples_per_insert=8", "run.log_level=warning")
+    release = threading.Event()
+    build = Learner._build_agent
+    monkeypatch.setattr(Learner, "_build_agent", lambda self: release.wait(60) and build(self))
+    learner = make_learner(cfg, tmp_path / "run")
+    sub = zctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(learner.endpoints["model"])
+    push = zctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(learner.endpoints["data"])
+    stop = StopFlag()
+    runner = threading.Thread(target=learner.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        assert sub.poll(10_000), "no model version 0 while the agent was still being built"
+        loading = decode(sub.recv_multipart(), Limits.only([MODEL]))
+        assert loading.meta.get("quota") == 64 and "allow" not in loading.meta, loading.meta
+        push.send_multipart(batch_frames(0, transitions(64, seed=0)))
+        wait_for(lambda: len(learner.replay) == 64, 10, "the batch in replay")
+        release.set()
+        trained, deadline = [], time.monotonic() + 60
+        while runner.is_alive() or sub.poll(0):
+            assert time.monotonic() < deadline, f"the learner did not finish its 60 updates: {learner.book.opt_steps}"
+            if sub.poll(100):
+                model = decode(sub.recv_multipart(), Limits.only([MODEL]))
+                if model.version >= 1:
+                    trained.append(model.meta)
+        assert trained, "no model published after updates"
+        assert all(m.get("allow") == 2 * 10 * 64 // 8 and "quota" not in m for m in trained), trained
+    finally:
+        release.set()
+        stop.set = True
+        runner.join(30)
+    assert not runner.is_alive() and learner.book.opt_steps == 60
+
+
 def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_alone(
         tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = cartpole_cfg("run.log_level=warning")

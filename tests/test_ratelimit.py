@@ -42,3 +42,18 @@ def test_max_ratio_throttles_the_learner_and_min_ratio_zero_never_pauses() -> No
     assert not lim.throttled(125)  # 125 * 64 / 1000 = 8
     assert lim.throttled(126)
     assert not lim.update_pause(0, warm=True) and not lim.paused
+
+
+def test_actors_get_an_allowance_per_model_only_while_the_learner_trains_with_the_bound_on() -> None:
+    lim = SamplesPerInsert(TrainerConfig(min_samples_per_insert=256.0, sync_interval=50), batch_size=256)
+    lim.update_pause(0, warm=False)
+    assert lim.allowance() is None  # replay still warming up: actors fill it unbounded
+    lim.inserted = 300
+    lim.update_pause(0, warm=True)
+    assert lim.allowance() == 100  # twice the 50 transitions 50 updates of 256 use at 256 samples each
+    small = SamplesPerInsert(TrainerConfig(min_samples_per_insert=32.0, sync_interval=50), batch_size=64)
+    small.update_pause(0, warm=True)
+    assert small.allowance() == 200
+    off = limiter(min_ratio=0.0)
+    off.update_pause(0, warm=True)
+    assert off.allowance() is None  # no lower bound on the ratio: no allowance either

@@ -71,6 +71,11 @@ class ReadyBatch:
     lengths: list[int]
 
 
+def _count(value: object) -> int | None:
+    """A non-negative int from model meta, or None (absent, or not a count: bool, float, negative)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def lower_priority(nice: int) -> None:
     """Yield CPU to the learner: raise this process's niceness and, where the kernel groups
     scheduling by session (autogroup), the niceness of this process's session too."""
@@ -146,7 +151,7 @@ class Actor:
         self.versions = VersionTracker()
         self.version = -1
         self.paused = False
-        self.quota: int | None = None  # the learner's: make at most this many transitions until a model lifts it
+        self.quota: int | None = None  # hold once ``made`` reaches this, until a model lifts or moves it
         self.made = 0  # transitions in finished batches, counted against ``quota``
         self.seq = 0
         self.encoder = BatchEncoder(self.name, self.incarnation, pack_below=DEFAULT_COPY_THRESHOLD)
@@ -188,11 +193,12 @@ class Actor:
     def _control(self, msg: Message) -> None:
         """Control fields in model meta: ``pause`` (the learner's rate limiter asks actors to stop
         stepping), ``quota`` (while the learner is starting: hold once this actor has made that
-        many transitions, until a model without one comes) and ``done`` (the run is over: finish)."""
+        many transitions, until a model without one comes), ``allow`` (while it trains: make at
+        most that many more transitions until the next model) and ``done`` (the run is over: finish)."""
         if msg.incarnation == self.versions.incarnation or self.versions.incarnation is None:
             self.paused = msg.meta.get("pause") is True
-            quota = msg.meta.get("quota")
-            self.quota = quota if isinstance(quota, int) and not isinstance(quota, bool) else None
+            quota, allow = _count(msg.meta.get("quota")), _count(msg.meta.get("allow"))
+            self.quota = self.made + allow if allow is not None else quota
         done = learner_done(msg, self.versions)
         if done and not self.finished:
             self.finished = done
@@ -305,7 +311,7 @@ class Actor:
         self._hold = self.paused or self.links[0].down or self._past_quota()
 
     def _past_quota(self) -> bool:
-        """Whether the learner's start-up quota is set and this actor has made that many transitions."""
+        """Whether the learner's start-up quota or allowance is set and this actor has made that many transitions."""
         return self.quota is not None and self.made >= self.quota
 
     def run(self, stop: StopFlag, max_env_steps: int = 0) -> None:

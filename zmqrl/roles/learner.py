@@ -70,6 +70,7 @@ from zmqrl.wire.monitor import LinkMonitor
 log = logging.getLogger("zmqrl")
 
 INGEST_INTERVAL_S = 0.05  # while training, read and insert what arrived this often (bursts amortise costs)
+REGRANT_S = 0.05  # while the learner waits for data (max_samples_per_insert), it re-sends its model this often
 T = TypeVar("T")
 
 
@@ -230,7 +231,10 @@ class Learner:
         many transitions (``trainer.warmup``) until a model without one comes. Importing torch
         can stall this loop for a good part of a second (the library loads under the interpreter
         lock), too late to ask for a pause; the quota bounds what arrives before the first update
-        without the learner having to speak in time.
+        without the learner having to speak in time. Once the agent trains on a warm replay, the
+        meta carries ``allow`` instead: each actor makes at most that many more transitions per
+        model it receives (:meth:`SamplesPerInsert.allowance`), so a slow iteration of this loop
+        cannot let actors run on unbounded before its pause goes out.
         """
         if new_version or refresh or done or self._last_params is None:
             if new_version:
@@ -238,8 +242,11 @@ class Learner:
             params = self._initial if self._agent is None and self._initial is not None else self.agent.params()
             meta: dict[str, Any] = {"opt_steps": self.book.opt_steps, "pause": self.limiter.paused,
                                     "task": self.signature, "zmqrl": __version__}
+            allowance = self.limiter.allowance()
             if self._agent is None and self.limiter.min_ratio > 0:
                 meta["quota"] = self.cfg.trainer.warmup
+            elif allowance is not None:
+                meta["allow"] = allowance
             if done:
                 meta["done"] = done
             self._last_params = encode_model("learner", self.incarnation, self.book.version, params, meta=meta)
@@ -385,6 +392,7 @@ class Learner:
         cfg, tc, batch_size = self.cfg, self.cfg.trainer, self.cfg.agent.batch_size
         republish, summarise = Every(cfg.net.republish_s), Every(max(cfg.net.stats_interval_s, 0.5))
         waiting_log, watch_links, ingest_due = Every(10.0), Every(0.25), Every(INGEST_INTERVAL_S)
+        regrant = Every(REGRANT_S)
         while not stop.set and not self.book.should_stop():
             if self._new_subscribers() or republish():
                 self.publish(new_version=False)
@@ -408,6 +416,8 @@ class Learner:
                              tc.warmup, "actors" if ready else "the agent (torch loading) and actors")
                 continue
             if throttled:
+                if self.limiter.allowance() is not None and regrant():
+                    self.publish(new_version=False)  # waiting for data: actors held at their allowance go on
                 continue
             batch = self.replay.sample(batch_size)
             metrics, priorities = self.agent.update(batch)

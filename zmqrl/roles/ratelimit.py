@@ -3,12 +3,18 @@
 ``trainer.max_samples_per_insert`` makes the learner wait for data when it has sampled each
 transition that often on average (it would overfit a small replay); ``trainer.min_samples_per_insert``
 asks actors to pause when data comes in faster than the learner uses it (on a shared CPU the
-learner then gets the cores). Its counters are part of the learner's checkpoint, so a resumed
+learner then gets the cores). While the learner trains with that bound on, each model it
+publishes also grants every actor an allowance (:meth:`SamplesPerInsert.allowance`): a pause
+reaches actors only once the learner's loop comes round to send it, and one slow iteration (two
+busy actors and the learner's threads on two cores can stretch one update to a third of a
+second) would otherwise let them fill replay with thousands of transitions from an early policy,
+which the learner then spends thousands of updates on. Its counters are part of the learner's checkpoint, so a resumed
 learner continues the same ratio instead of starting over at zero inserts.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from zmqrl.config import TrainerConfig
@@ -20,6 +26,8 @@ class SamplesPerInsert:
     def __init__(self, tc: TrainerConfig, batch_size: int) -> None:
         self.min_ratio, self.max_ratio = tc.min_samples_per_insert, tc.max_samples_per_insert
         self.batch_size = batch_size
+        self.sync_interval = tc.sync_interval
+        self.warm = False  # replay holds trainer.warmup transitions (as the last update_pause saw it)
         self.inserted = 0  # transitions inserted over the whole run, resumes included
         self.paused = False  # actors asked to pause
         self.pauses = 0
@@ -37,12 +45,25 @@ class SamplesPerInsert:
         Warm but the agent still loading also counts (0 samples per insert): actors need not fill
         replay with data nobody trains on, and their CPU is better spent loading torch.
         """
+        self.warm = warm
         pause = warm and self.min_ratio > 0 and self.ratio(opt_steps) < self.min_ratio
         if pause == self.paused:
             return False
         self.paused = pause
         self.pauses += pause
         return True
+
+    def allowance(self) -> int | None:
+        """Transitions each actor may make per model it receives while the learner trains, or None
+        (no bound: the limiter is off, or replay is still warming up and needs all the data actors give).
+
+        Twice what the learner uses between two publications at ``min_samples_per_insert``
+        (``sync_interval`` updates of ``batch_size`` samples), so one actor alone keeps it fed
+        and the pause, not the allowance, sets the ratio while models come on time.
+        """
+        if not (self.warm and self.min_ratio > 0):
+            return None
+        return max(1, math.ceil(2 * self.sync_interval * self.batch_size / self.min_ratio))
 
     def state_dict(self) -> dict[str, Any]:
         return {"inserted": self.inserted, "pauses": self.pauses}
