@@ -6,6 +6,8 @@ import collections
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +250,39 @@ def test_read_tree_never_unpickles(tmp_path: Path) -> None:
     np.savez(path, allow_pickle=True, a0=np.array([Path("/")], dtype=object), **{checkpoint.TREE_KEY: outline})
     with pytest.raises(CheckpointError, match=f"{path}: unreadable"):
         checkpoint.read_tree(path)
+
+
+_POLICY_SCRIPT = r'''
+import sys
+import numpy as np
+from zmqrl import checkpoint
+params = {"torso.0.weight": np.arange(12, dtype=np.float32).reshape(3, 4), "mean.bias": np.ones(2, np.float32)}
+directory = checkpoint.save_policy(sys.argv[1], params, {"version": 7, "eval_return": -150.5})
+checkpoint.save_policy(directory, {k: v + 1 for k, v in params.items()}, {"version": 9, "eval_return": -120.0})
+got, state = checkpoint.load_policy_params(directory)
+assert state == {"version": 9, "eval_return": -120.0}, state
+assert set(got) == set(params) and all(np.array_equal(got[k], params[k] + 1) and got[k].dtype == np.float32
+                                       for k in params), got
+sys.exit(3 if "torch" in sys.modules else 0)
+'''
+
+
+def test_a_policy_checkpoint_is_written_and_read_without_torch(tmp_path: Path) -> None:
+    """The evaluator's ``best``: ``policy.npz`` and ``state.json``, replaced atomically like any
+    checkpoint, and neither writing nor reading it imports torch (1.2 s of CPU in the evaluator)."""
+    directory = tmp_path / "checkpoints" / "best"
+    done = subprocess.run([sys.executable, "-c", _POLICY_SCRIPT, str(directory)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, f"exit {done.returncode} (3: torch was imported)\n{done.stderr}"
+    assert listing(directory) == sorted([checkpoint.POLICY_FILE, STATE_FILE])
+    assert listing(directory.parent) == ["best"]  # no temporary or old copy left
+    with pytest.raises(CheckpointError, match="holds the policy alone") as info:
+        checkpoint.load(directory)  # no training state to resume from: said so, naming the file
+    assert str(directory / AGENT_FILE) in str(info.value)
+
+
+def test_a_policy_checkpoint_of_other_data_names_its_file(tmp_path: Path) -> None:
+    directory = checkpoint.save_policy(tmp_path / "best", {"w": np.zeros(3, np.float32)}, {"version": 1})
+    checkpoint.write_tree(directory / checkpoint.POLICY_FILE, {"w": "not an array"})
+    with pytest.raises(CheckpointError, match=checkpoint.POLICY_FILE):
+        checkpoint.load_policy_params(directory)

@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import zmq
 
+from zmqrl.checkpoint import POLICY_FILE
+from zmqrl.enjoy import load_policy
 from zmqrl.roles.common import free_port
 from zmqrl.wire import BATCH, STATS, Limits, WireError, decode
 
@@ -154,6 +156,8 @@ def test_local_launcher_solves_cartpole(tmp_path: Path, procs: Procs) -> None:
 
     best = run_dir / "checkpoints" / "best"
     assert best.is_dir() and any(best.iterdir()), f"checkpoints/best missing or empty: {best}"
+    assert (best / POLICY_FILE).is_file(), sorted(p.name for p in best.iterdir())  # the evaluator's: no torch
+    assert load_policy(run_dir, "best").state["source"] == "evaluator"
     assert not pids_with_arg(str(run_dir)), "processes of the run are still alive after zmqrl local exited"
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.checkpoint import AGENT_FILE, CheckpointError, load_policy_params
+from zmqrl.checkpoint import CheckpointError, load_policy_params, policy_file
 from zmqrl.config import Config, ConfigError
 from zmqrl.rundir import checkpoint_dir, run_config
 
@@ -61,7 +61,7 @@ class TrainedPolicy:
         try:
             self.policy.load_params(params)
         except (KeyError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(f"{self.checkpoint / AGENT_FILE}: its policy parameters do not fit "
+            raise CheckpointError(f"{policy_file(self.checkpoint)}: its policy parameters do not fit "
                                   f"the run's config.yaml (agent.algo={self.cfg.agent.algo}): {exc}") from None
 
     def act(self, obs: Any) -> Any:

@@ -109,17 +109,14 @@ class Evaluator:
         return True
 
     def _save_best(self, params: dict[str, np.ndarray], version: int, opt_steps: int, mean: float) -> None:
-        """``checkpoints/best`` in the format of every checkpoint, holding the policy (what an
-        evaluator has); the learner's training state lives in ``latest`` and the numbered ones."""
+        """``checkpoints/best``, holding the policy (what an evaluator has) as ``policy.npz``:
+        written without torch (an evaluator acting with a numpy policy never imports it). The training state
+        lives in ``latest`` and the numbered ones."""
         if not self.run_dir:
             return
-        import torch  # only when saving: the checkpoint format is torch's
-
-        torch.set_num_threads(1)
-        agent_state = {checkpoint.POLICY_KEY: checkpoint.policy_tensors(params)}
-        checkpoint.save(Path(self.run_dir) / "checkpoints" / "best", agent_state,
-                        {"version": version, "opt_steps": opt_steps, "eval_return": mean, "source": "evaluator",
-                         "training_state": False})
+        checkpoint.save_policy(Path(self.run_dir) / "checkpoints" / "best", params,
+                               {"version": version, "opt_steps": opt_steps, "eval_return": mean, "source": "evaluator",
+                                "training_state": False})
 
     def _control(self, msg: Message) -> None:
         """``done`` in a model's meta from the current learner: the run is over."""
