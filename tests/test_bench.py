@@ -264,7 +264,8 @@ def test_sb3_is_optional(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tmp_path: Path) -> None:
     """A learner-row feeder, as a real helper process: no batch before the first model, none while
-    ``pause`` is set in model meta, batches once it is cleared, and its paused time reported."""
+    ``pause`` is set in model meta, batches once it is cleared, exactly a model's ``allow`` when
+    no other model follows, and its paused time reported."""
     cfg = harness.load_config(CARTPOLE)
     pool = harness.transition_pool(cfg, 512)
     pool["priority"] = np.ones(512, np.float32)
@@ -277,9 +278,10 @@ def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tm
     out = tmp_path / "feed.json"
     received = 0
 
-    def publish(pause: bool) -> None:
+    def publish(pause: bool, **meta: object) -> None:
         nonlocal version
-        pub.send_multipart(encode_model("learner", inc, version, {"w": np.zeros(4, np.float32)}, meta={"pause": pause}))
+        pub.send_multipart(encode_model("learner", inc, version, {"w": np.zeros(4, np.float32)},
+                                        meta={"pause": pause, **meta}))
         version += 1
 
     def batches_within(seconds: float, pause: bool | None) -> int:
@@ -307,6 +309,9 @@ def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tm
             while batches_within(0.2, False) < 5 and time.monotonic() < deadline:
                 pass
             assert received >= 5, "no batches after the pause was lifted"
+            batches_within(0.5, True)  # paused again: what was on its way arrives
+            publish(False, allow=2 * 64)  # one model allowing two batches, then none for a second
+            assert batches_within(1.0, None) == 2, "not the model's allowance of two batches"
             assert feeder.stop(10.0) == 0, feeder.tail()
         result = read_json(out)
         assert result is not None
@@ -353,7 +358,7 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
                 "actor_pendulum_sac", "actor_pong_dqn", "cnn_learner_b32_cpu",
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
                 "transport_atari_64_direct", "transport_proxy_cpu_paced", "learner_opt_steps",
-                "learner_update_cartpole_dqn",
+                "learner_update_cartpole_dqn", "learner_update_pendulum_sac",
                 "fanin_intake_us_per_batch",
                 "broadcast_1mb", "broadcast_10mb", "startup_s",
                 "scaling_1_actors", "scaling_halfcheetah_sac_local_vs_bare", "solve_cartpole_dqn_local_vs_train",

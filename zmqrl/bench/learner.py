@@ -2,7 +2,8 @@
 
 The batches come from feeder processes that behave like actors towards the learner: they
 subscribe to its models, send nothing before the first one, and hold while the rate limiter's
-``pause`` (in model meta, below ``trainer.min_samples_per_insert``) is on, as actors do.
+``pause`` (in model meta, below ``trainer.min_samples_per_insert``) is on or once a model's
+``allow`` is made, as actors do.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import copy
 import io
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import numpy as np
 import zmq
 
 from zmqrl.bench.harness import (
+    CONFIGS,
     TRANSITION_KEYS,
     BenchError,
     Context,
@@ -36,6 +39,7 @@ from zmqrl.bench.harness import (
 )
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import limits, options, read_json
+from zmqrl.roles.fit import meta_count
 from zmqrl.wire import (
     BATCH,
     MODEL,
@@ -50,21 +54,30 @@ from zmqrl.wire import (
 )
 
 CONFIG = "cartpole_dqn.yaml"
+SAC_CONFIG = "pendulum_sac.yaml"  # the update row of an algorithm without priorities, on two torch threads
 FEEDERS = 4
 DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--actor-rate)
 
 
 class Control:
     """The learner's requests as an actor reads them from its incarnation's models: ``pause``
-    (the rate limiter) and ``done`` (the run is over)."""
+    (the rate limiter), ``allow`` (make at most that many more transitions until the next model;
+    ``made`` counts what was made) and ``done`` (the run is over)."""
 
-    def __init__(self, tracker: VersionTracker) -> None:
-        self.tracker, self.pause, self.done = tracker, False, False
+    def __init__(self, tracker: VersionTracker, made: Callable[[], int] = lambda: 0) -> None:
+        self.tracker, self.made, self.pause, self.done = tracker, made, False, False
+        self.quota: int | None = None
 
     def __call__(self, msg: Message) -> None:
         if msg.incarnation == self.tracker.incarnation or self.tracker.incarnation is None:
             self.pause = msg.meta.get("pause") is True
+            allow = meta_count(msg.meta.get("allow"))
+            self.quota = None if allow is None else self.made() + allow
             self.done = self.done or bool(msg.meta.get("done"))
+
+    def hold(self) -> bool:
+        """Whether an actor would hold now: paused, or its allowance made."""
+        return self.pause or (self.quota is not None and self.made() >= self.quota)
 
 
 def actor_meta(index: int, sent: int, n_buffer: int, version: int, model_inc: str | None, wall: float,
@@ -109,8 +122,8 @@ def prefilled_learner(cfg: Any, run_dir: Path, pool: dict[str, np.ndarray], bind
 
 def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     """Helper process: PUSH actor-like batches (n_buffer transitions, priorities, the actor's meta) at a
-    fixed rate once the first model has arrived, holding while the learner asks actors to pause and
-    stopping when it says the run is over."""
+    fixed rate once the first model has arrived, holding while the learner asks actors to pause (or
+    once a model's allowance is made) and stopping when it says the run is over."""
     net = child_config(p).net
     pool = load_arrays(p["pool"])
     size, n_buffer = len(pool["reward"]), int(p["n_buffer"])
@@ -121,9 +134,9 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     model_limits = limits(net, MODEL)
     sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.sub(model_limits)), connect=p["models"])
     tracker = VersionTracker()
-    control = Control(tracker)
     inc, name, index = new_incarnation(), f"actor-{p['index']}", int(p["index"])
     sent, blocked_s, paused_s, version = 0, 0.0, 0.0, -1
+    control = Control(tracker, made=lambda: sent * n_buffer)
     offset = (index * 997 * n_buffer) % max(size - n_buffer, 1)
     start = time.monotonic()
     deadline = start + p["timeout_s"]
@@ -139,7 +152,7 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
             msg, _ = drain_latest_model(sub, tracker, model_limits, observe=control)
             version = msg.version if msg is not None else version
             now = time.monotonic()
-            if control.pause:
+            if control.hold():
                 sub.poll(50, zmq.POLLIN)
                 paused_s += time.monotonic() - now
                 next_t = time.monotonic()  # an actor steps on from where it stopped, with no backlog to make up
@@ -246,51 +259,84 @@ def run(c: Context) -> list[Row]:
             f"{limiter_text}; ingested {median(ingest):,.0f} transitions/s; {rejected:.0f} rejected; "
             f"median of {s.reps}")
     return [make_row("learner_opt_steps", median(busy), median(idle), "opt steps/s", note, (">=", 0.9)),
-            update_row(c, path)]
+            update_row(c, path), sac_update_row(c)]
 
 
 def update_row(c: Context, path: Path) -> Row:
     """Learner steps/s (sample, update, priorities) of CartPole's DQN with its written-out MLP update
     against the same agent's autograd update, alternated in one process under the learner's torch
     settings (one thread, denormals flushed)."""
-    import torch
-
-    from zmqrl.acting import make_task
     from zmqrl.agents.dqn.agent import DQNAgent
-    from zmqrl.agents.torch_util import flush_denormals
+
+    cfg, replay, agent = _sampling_agent(path)
+    autograd = _sampling_agent(path)[2]
+    assert isinstance(agent, DQNAgent) and isinstance(autograd, DQNAgent)
+    rates = _alternated(c, {"explicit": (cfg.run.torch_threads, _learner_step(cfg, replay, agent.update)),
+                            "autograd": (cfg.run.torch_threads, _learner_step(cfg, replay, autograd.update_autograd))})
+    note = (f"{path.name}: replay.sample + DQN update + update_priorities on 20k real CartPole transitions, "
+            f"{cfg.run.torch_threads} torch thread(s), denormals flushed; the written-out MLP update "
+            f"(agents/dqn/explicit.py) vs the same agent's autograd update; medians of {len(rates['explicit'])} "
+            f"alternated windows: " + ", ".join(f"{a:.0f}/{b:.0f}" for a, b in
+                                              zip(rates["explicit"], rates["autograd"], strict=True)))
+    return make_row("learner_update_cartpole_dqn", median(rates["explicit"]), median(rates["autograd"]),
+                    "opt steps/s", note)
+
+
+def sac_update_row(c: Context) -> Row:
+    """Learner steps/s (sample, update) of the shipped Pendulum SAC config on its torch threads against one."""
+    path = CONFIGS / SAC_CONFIG
+    cfg, replay, agent = _sampling_agent(path)
+    step = _learner_step(cfg, replay, agent.update)
+    threads = cfg.run.torch_threads
+    rates = _alternated(c, {"config": (threads, step), "one": (1, step)})
+    mine = median(rates["config"])
+    note = (f"{path.name}: replay.sample + SAC update (critics, actor, alpha; batch {cfg.agent.batch_size}, hidden "
+            f"{list(cfg.agent.hidden)}) on 20k real Pendulum transitions, denormals flushed, {threads} torch "
+            f"threads ({1000 / mine:.2f} ms an update) vs 1; medians of {len(rates['config'])} alternated windows: "
+            + ", ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(rates["config"], rates["one"], strict=True)))
+    return make_row("learner_update_pendulum_sac", mine, median(rates["one"]), "opt steps/s", note)
+
+
+def _sampling_agent(path: Path) -> tuple[Any, Any, Any]:
+    """(config, replay holding 20k real transitions of its env, a fresh agent) for ``path``."""
+    from zmqrl.acting import make_task
     from zmqrl.bookkeeping import make_replay_from
 
     cfg = load_config(path)
     task = make_task(cfg)
     replay = make_replay_from(cfg, task.batch_spec())
     replay.add(transition_pool(cfg, 20_000))
-    agents = {name: task.agent(device="cpu", seed=0) for name in ("explicit", "autograd")}
+    return cfg, replay, task.agent(device="cpu", seed=0)
 
-    def step(name: str) -> Any:
-        agent = agents[name]
-        assert isinstance(agent, DQNAgent)
-        update = agent.update if name == "explicit" else agent.update_autograd
 
-        def one() -> None:
-            batch = replay.sample(cfg.agent.batch_size)
-            _, priorities = update(batch)
+def _learner_step(cfg: Any, replay: Any, update: Callable[[Any], tuple[Any, Any]]) -> Callable[[], None]:
+    """One step of the learner's loop: sample, update, and priorities back when the update gives them."""
+    def one() -> None:
+        batch = replay.sample(cfg.agent.batch_size)
+        _, priorities = update(batch)
+        if priorities is not None:
             replay.update_priorities(batch["indices"], priorities)
-        return one
+    return one
+
+
+def _alternated(c: Context, steps: dict[str, tuple[int, Callable[[], None]]]) -> dict[str, list[float]]:
+    """Calls/s of each ``name: (torch threads, step)``, in windows alternating their order, with
+    denormals flushed as the learner's training thread has them."""
+    import torch
+
+    from zmqrl.agents.torch_util import flush_denormals
 
     seconds, reps = max(1.0, c.settings.actor_s * 2), max(1, c.settings.reps) * 2
-    rates: dict[str, list[float]] = {"explicit": [], "autograd": []}
-    torch.set_num_threads(cfg.run.torch_threads)
+    rates: dict[str, list[float]] = {name: [] for name in steps}
+    threads_before = torch.get_num_threads()
     flushed_before = flush_denormals()
     try:
         for rep in range(reps):
-            for name in ("explicit", "autograd") if rep % 2 == 0 else ("autograd", "explicit"):
-                rates[name].append(calls_per_second(step(name), seconds))
+            for name in list(steps) if rep % 2 == 0 else list(steps)[::-1]:
+                threads, step = steps[name]
+                torch.set_num_threads(threads)
+                rates[name].append(calls_per_second(step, seconds))
     finally:
         flush_denormals(flushed_before)  # this process measures other rows after this one
-    note = (f"{path.name}: replay.sample + DQN update + update_priorities on 20k real CartPole transitions, "
-            f"{cfg.run.torch_threads} torch thread(s), denormals flushed; the written-out MLP update "
-            f"(agents/dqn/explicit.py) vs the same agent's autograd update; medians of {reps} alternated "
-            f"{seconds:g} s windows: " + ", ".join(f"{a:.0f}/{b:.0f}" for a, b in
-                                               zip(rates["explicit"], rates["autograd"], strict=True)))
-    return make_row("learner_update_cartpole_dqn", median(rates["explicit"]), median(rates["autograd"]),
-                    "opt steps/s", note)
+        torch.set_num_threads(threads_before)
+    return rates

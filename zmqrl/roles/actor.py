@@ -33,7 +33,7 @@ from zmqrl.acting import ActingLoop, make_task
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
-from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
+from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, meta_count, task_signature
 from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
     MODEL,
@@ -69,11 +69,6 @@ class ReadyBatch:
     high: int
     returns: list[float]  # episodes that ended while it was built
     lengths: list[int]
-
-
-def _count(value: object) -> int | None:
-    """A non-negative int from model meta, or None (absent, or not a count: bool, float, negative)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def lower_priority(nice: int) -> None:
@@ -197,7 +192,7 @@ class Actor:
         most that many more transitions until the next model) and ``done`` (the run is over: finish)."""
         if msg.incarnation == self.versions.incarnation or self.versions.incarnation is None:
             self.paused = msg.meta.get("pause") is True
-            quota, allow = _count(msg.meta.get("quota")), _count(msg.meta.get("allow"))
+            quota, allow = meta_count(msg.meta.get("quota")), meta_count(msg.meta.get("allow"))
             self.quota = self.made + allow if allow is not None else quota
         done = learner_done(msg, self.versions)
         if done and not self.finished:

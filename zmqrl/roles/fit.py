@@ -86,3 +86,9 @@ def learner_done(msg: Message, versions: VersionTracker) -> str:
     done = msg.meta.get("done")
     current = msg.incarnation == versions.incarnation or versions.incarnation is None
     return done if current and isinstance(done, str) else ""
+
+
+def meta_count(value: object) -> int | None:
+    """A non-negative int from model meta (``quota``, ``allow``), or None: absent, or not a count
+    (a bool, a float, a negative number)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
