@@ -70,21 +70,21 @@ def make_learner(cfg: Config, run_dir: Path) -> Learner:
     return Learner(cfg, run_dir, tcp(), tcp(), tcp())
 
 
-def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, cartpole_cfg: Any,
-                                                                zctx: zmq.Context,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = cartpole_cfg("run.seed=3", "trainer.warmup=64", "trainer.stop_return=null", "trainer.max_opts=20",
-                       "agent.target_update_interval=500",
-                       "run.log_level=warning")
+def hold_the_agent_build(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The learner's agent (torch) takes as long as the test says: until the event returned is set."""
     release = threading.Event()
     build = Learner._build_agent
 
-    def held_build(self: Learner) -> Any:  # the agent (torch) takes as long as this test says
+    def held_build(self: Learner) -> Any:
         assert release.wait(60), "the test never released the agent build"
         return build(self)
 
     monkeypatch.setattr(Learner, "_build_agent", held_build)
-    learner = make_learner(cfg, tmp_path / "run")
+    return release
+
+
+def models_and_data(zctx: zmq.Context, learner: Learner) -> tuple[zmq.Socket, zmq.Socket]:
+    """A SUB on the learner's models and a PUSH to its data socket, as an actor has."""
     sub = zctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -92,6 +92,18 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
     push = zctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     push.connect(learner.endpoints["data"])
+    return sub, push
+
+
+def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, cartpole_cfg: Any,
+                                                                zctx: zmq.Context,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = cartpole_cfg("run.seed=3", "trainer.warmup=64", "trainer.stop_return=null", "trainer.max_opts=20",
+                       "agent.target_update_interval=500",
+                       "run.log_level=warning")
+    release = hold_the_agent_build(monkeypatch)
+    learner = make_learner(cfg, tmp_path / "run")
+    sub, push = models_and_data(zctx, learner)
     stop = StopFlag()
     from zmqrl.agents import torch_util
 
@@ -149,17 +161,9 @@ def test_models_carry_the_start_up_quota_while_torch_loads_and_an_allowance_once
     ``allow`` (per model: twice a sync's worth of data at min_samples_per_insert) once it trains."""
     cfg = cartpole_cfg("run.seed=3", "trainer.warmup=64", "trainer.stop_return=null", "trainer.max_opts=60",
                        "trainer.sync_interval=10", "trainer.min_samples_per_insert=8", "run.log_level=warning")
-    release = threading.Event()
-    build = Learner._build_agent
-    monkeypatch.setattr(Learner, "_build_agent", lambda self: release.wait(60) and build(self))
+    release = hold_the_agent_build(monkeypatch)
     learner = make_learner(cfg, tmp_path / "run")
-    sub = zctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(learner.endpoints["model"])
-    push = zctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.connect(learner.endpoints["data"])
+    sub, push = models_and_data(zctx, learner)
     stop = StopFlag()
     runner = threading.Thread(target=learner.run, args=(stop,), daemon=True)
     runner.start()
