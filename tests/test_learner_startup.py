@@ -269,6 +269,31 @@ print(compiler, same, same_state, "torch._dynamo" in sys.modules)
 '''
 
 
+_FLUSH_SCRIPT = r'''
+import sys
+import torch
+torch.set_num_threads(2)
+from zmqrl.agents.torch_util import flush_denormals
+probe = torch.full((1_000_000,), 1e-39)  # float32 denormals, split between the two threads of an op
+def kept():
+    return int((probe * 1.0).count_nonzero())  # a thread that flushes makes its half zero
+assert kept() == 1_000_000
+torch.set_flush_denormal(True)
+main_only = kept()  # the control: torch's own switch reaches the calling thread alone
+torch.set_flush_denormal(False)
+print(main_only, flush_denormals(True), kept(), flush_denormals(False), kept())
+'''
+
+
+def test_flushing_denormals_reaches_every_torch_thread_and_is_undone() -> None:
+    """With two torch threads, ``flush_denormals`` flushes in both (torch's switch alone: one)."""
+    done = subprocess.run([sys.executable, "-c", _FLUSH_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    main_only, before, on, was, off = done.stdout.split()
+    assert int(main_only) == 500_000, "the probe does not split an op between two threads"
+    assert (before, int(on), was, int(off)) == ("False", 0, "True", 1_000_000), done.stdout
+
+
 def test_the_learners_adam_matches_torch_and_skips_the_compiler() -> None:
     """The agents' Adam makes the same updates (and state) as ``torch.optim.Adam`` with torch's fused
     kernel (its default on CPU), bit for bit, without
