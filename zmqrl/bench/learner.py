@@ -268,8 +268,8 @@ def update_row(c: Context, path: Path) -> Row:
     settings (one thread, denormals flushed)."""
     from zmqrl.agents.dqn.agent import DQNAgent
 
-    cfg, replay, agent = _sampling_agent(path)
-    autograd = _sampling_agent(path)[2]
+    cfg, replay, task = _sampling_task(path)
+    agent, autograd = (task.agent(device="cpu", seed=0) for _ in range(2))
     assert isinstance(agent, DQNAgent) and isinstance(autograd, DQNAgent)
     rates = _alternated(c, {"explicit": (cfg.run.torch_threads, _learner_step(cfg, replay, agent.update)),
                             "autograd": (cfg.run.torch_threads, _learner_step(cfg, replay, autograd.update_autograd))})
@@ -285,8 +285,8 @@ def update_row(c: Context, path: Path) -> Row:
 def sac_update_row(c: Context) -> Row:
     """Learner steps/s (sample, update) of the shipped Pendulum SAC config on its torch threads against one."""
     path = CONFIGS / SAC_CONFIG
-    cfg, replay, agent = _sampling_agent(path)
-    step = _learner_step(cfg, replay, agent.update)
+    cfg, replay, task = _sampling_task(path)
+    step = _learner_step(cfg, replay, task.agent(device="cpu", seed=0).update)
     threads = cfg.run.torch_threads
     rates = _alternated(c, {"config": (threads, step), "one": (1, step)})
     mine = median(rates["config"])
@@ -297,8 +297,8 @@ def sac_update_row(c: Context) -> Row:
     return make_row("learner_update_pendulum_sac", mine, median(rates["one"]), "opt steps/s", note)
 
 
-def _sampling_agent(path: Path) -> tuple[Any, Any, Any]:
-    """(config, replay holding 20k real transitions of its env, a fresh agent) for ``path``."""
+def _sampling_task(path: Path) -> tuple[Any, Any, Any]:
+    """(config, replay holding 20k real transitions of its env, the task that makes its agents) for ``path``."""
     from zmqrl.acting import make_task
     from zmqrl.bookkeeping import make_replay_from
 
@@ -306,7 +306,7 @@ def _sampling_agent(path: Path) -> tuple[Any, Any, Any]:
     task = make_task(cfg)
     replay = make_replay_from(cfg, task.batch_spec())
     replay.add(transition_pool(cfg, 20_000))
-    return cfg, replay, task.agent(device="cpu", seed=0)
+    return cfg, replay, task
 
 
 def _learner_step(cfg: Any, replay: Any, update: Callable[[Any], tuple[Any, Any]]) -> Callable[[], None]:
