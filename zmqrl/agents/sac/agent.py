@@ -25,7 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from zmqrl.agents.sac.config import SACConfig
-from zmqrl.agents.sac.networks import Actor, Critics, stack_separate_critic_adam, stack_separate_critics
+from zmqrl.agents.sac.networks import (
+    Actor,
+    Critics,
+    separate_layout,
+    stack_separate_critic_adam,
+    stack_separate_critics,
+)
 from zmqrl.agents.sac.numpy_policy import ActionBounds, explore_actions
 from zmqrl.agents.staging import BatchStager
 from zmqrl.agents.torch_util import Adam, load_module_params, module_params
@@ -218,7 +224,7 @@ class SACAgent(SACPolicy):
         (:func:`stack_separate_critics`) load too, Adam moments included."""
         self.actor.load_state_dict(state["actor"])
         critic_optimizer = state["critic_optimizer"]
-        if any(key.startswith("q.") for key in state["critics"]):
+        if separate_layout(state["critics"]):
             critic_optimizer = stack_separate_critic_adam(critic_optimizer, self.critics.n, len(self.critics.weights))
         self.critics.load_state_dict(stack_separate_critics(state["critics"]))
         self.targets.load_state_dict(stack_separate_critics(state["targets"]))

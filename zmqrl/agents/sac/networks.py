@@ -70,11 +70,16 @@ class Critics(nn.Module):
         return x.squeeze(2)
 
 
+def separate_layout(state: Mapping[str, Any]) -> bool:
+    """Whether a critics state dict has the layout before the stack (``q.C.L.weight``: an
+    ``nn.Linear`` per critic and layer, at even indices of an ``nn.Sequential``)."""
+    return any(key.startswith("q.") for key in state)
+
+
 def stack_separate_critics(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state dict of :class:`Critics` from one in the layout before the stack (``q.C.L.weight``:
-    an ``nn.Linear`` per critic and layer, at even indices of an ``nn.Sequential``); a stacked one
-    is returned as it is."""
-    if not any(key.startswith("q.") for key in state):
+    """A state dict of :class:`Critics` from one in the layout before the stack
+    (:func:`separate_layout`); a stacked one is returned as it is."""
+    if not separate_layout(state):
         return dict(state)
     critics = sorted({int(key.split(".")[1]) for key in state})
     layers = sorted({int(key.split(".")[2]) for key in state})
