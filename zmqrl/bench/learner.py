@@ -39,7 +39,7 @@ from zmqrl.bench.harness import (
 )
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import limits, options, read_json
-from zmqrl.roles.fit import meta_count
+from zmqrl.roles.fit import hold_limit
 from zmqrl.wire import (
     BATCH,
     MODEL,
@@ -61,7 +61,7 @@ DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--ac
 
 class Control:
     """The learner's requests as an actor reads them from its incarnation's models: ``pause``
-    (the rate limiter), ``allow`` (make at most that many more transitions until the next model;
+    (the rate limiter), ``allow`` and ``quota`` (how far to go before holding: :func:`hold_limit`;
     ``made`` counts what was made) and ``done`` (the run is over)."""
 
     def __init__(self, tracker: VersionTracker, made: Callable[[], int] = lambda: 0) -> None:
@@ -71,8 +71,7 @@ class Control:
     def __call__(self, msg: Message) -> None:
         if msg.incarnation == self.tracker.incarnation or self.tracker.incarnation is None:
             self.pause = msg.meta.get("pause") is True
-            allow = meta_count(msg.meta.get("allow"))
-            self.quota = None if allow is None else self.made() + allow
+            self.quota = hold_limit(msg.meta, self.made())
             self.done = self.done or bool(msg.meta.get("done"))
 
     def hold(self) -> bool:

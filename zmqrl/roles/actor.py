@@ -33,7 +33,7 @@ from zmqrl.acting import ActingLoop, make_task
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
-from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, meta_count, task_signature
+from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, hold_limit, learner_done, load_if_fits, task_signature
 from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
     MODEL,
@@ -192,8 +192,7 @@ class Actor:
         most that many more transitions until the next model) and ``done`` (the run is over: finish)."""
         if msg.incarnation == self.versions.incarnation or self.versions.incarnation is None:
             self.paused = msg.meta.get("pause") is True
-            quota, allow = meta_count(msg.meta.get("quota")), meta_count(msg.meta.get("allow"))
-            self.quota = self.made + allow if allow is not None else quota
+            self.quota = hold_limit(msg.meta, self.made)
         done = learner_done(msg, self.versions)
         if done and not self.finished:
             self.finished = done

@@ -9,6 +9,7 @@ the role reports it to the learner, logs it and exits 2.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -88,7 +89,14 @@ def learner_done(msg: Message, versions: VersionTracker) -> str:
     return done if current and isinstance(done, str) else ""
 
 
-def meta_count(value: object) -> int | None:
-    """A non-negative int from model meta (``quota``, ``allow``), or None: absent, or not a count
-    (a bool, a float, a negative number)."""
+def hold_limit(meta: Mapping[str, Any], made: int) -> int | None:
+    """How many transitions in all an actor that has made ``made`` may reach before it holds, as a
+    model's meta says: ``made`` plus its ``allow`` while the learner trains, its start-up ``quota``
+    while the learner loads torch, else None (no bound)."""
+    allow = _count(meta.get("allow"))
+    return made + allow if allow is not None else _count(meta.get("quota"))
+
+
+def _count(value: object) -> int | None:
+    """A non-negative int, or None: absent, or not a count (a bool, a float, a negative number)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
