@@ -29,7 +29,7 @@ import zmq
 from zmqrl.checkpoint import POLICY_FILE
 from zmqrl.enjoy import load_policy
 from zmqrl.roles.common import free_port
-from zmqrl.wire import BATCH, STATS, Limits, WireError, decode
+from zmqrl.wire import BATCH, BUNDLE, STATS, Limits, WireError, decode, unbundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import (  # noqa: E402
@@ -268,7 +268,7 @@ def test_batch_model_versions_increase(tmp_path: Path, procs: Procs) -> None:
             procs.role(f"actor-{i}", "actor", *actor_args(run_dir, ports, i), overrides=overrides)
 
         seen: dict[str, list[tuple[str, int, int, int]]] = collections.defaultdict(list)  # inc, seq, ver, max_ver
-        limits = Limits.only({BATCH, STATS})
+        limits = Limits.only({BATCH, BUNDLE, STATS})
 
         def enough() -> bool:
             return len(seen) == 2 and all(len({v for _, _, v, _ in b}) >= 4 and len(b) >= 40 for b in seen.values())
@@ -285,8 +285,9 @@ def test_batch_model_versions_increase(tmp_path: Path, procs: Procs) -> None:
                 msg = decode(frames, limits)
             except WireError as exc:
                 raise AssertionError(f"the proxy forwarded a message that does not decode: {exc}") from None
-            if msg.kind == BATCH:
-                seen[msg.sender].append((msg.incarnation, msg.seq, msg.version, msg.meta.get("max_version", -1)))
+            for batch in unbundle(msg) if msg.kind == BUNDLE else [msg] if msg.kind == BATCH else []:
+                seen[batch.sender].append((batch.incarnation, batch.seq, batch.version,
+                                           batch.meta.get("max_version", -1)))
             tap_out.send_multipart(frames, copy=False)
 
         assert sorted(seen) == ["actor-0", "actor-1"], sorted(seen)

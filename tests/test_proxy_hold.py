@@ -20,7 +20,7 @@ import pytest
 import zmq
 
 from zmqrl.roles.common import free_port
-from zmqrl.wire import BATCH, Limits, decode, encode, new_incarnation
+from zmqrl.wire import BATCH, BUNDLE, Limits, decode, encode, new_incarnation, unbundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import Procs, read_json, wait_for  # noqa: E402
@@ -60,8 +60,8 @@ def _through_proxy(tmp_path: Path, procs: Procs, hold_ms: float, batches: int = 
         def received() -> list[tuple[str, int]]:
             got = []
             while tap.poll(0):
-                msg = decode(tap.recv_multipart(), Limits.only({BATCH}))
-                got.append((msg.sender, msg.seq))
+                msg = decode(tap.recv_multipart(), Limits.only({BATCH, BUNDLE}))
+                got += [(m.sender, m.seq) for m in (unbundle(msg) if msg.kind == BUNDLE else [msg])]
             return got
 
         wait_for(lambda: "actors connect to" in proc.text(), 60, f"{name} to bind", lambda: procs.describe())

@@ -146,6 +146,7 @@ class NetConfig:
     max_peers: int = 1024  # senders a learner or proxy keeps counters for; newcomers beyond are refused and counted
     peer_idle_s: float = 600.0  # a sender silent this long may be forgotten to make room for a new one
     proxy_hold_ms: float = 10.0  # a proxy reads its actors' batches in bursts this far apart (0: each at once)
+    proxy_merge: int = 32  # a proxy joins up to this many batches of a burst into one message (1: each as it came)
     security: str = "none"  # none, or curve: CurveZMQ encryption plus a client-key allow-list on every socket
     keys_dir: str = ""  # directory of key files made by `zmqrl keygen` (needed for curve)
     server_key: str = "server"  # key pair that sockets which bind (learner, proxy) use: KEYS_DIR/NAME.key(_secret)
@@ -177,7 +178,7 @@ _POSITIVE = {
     "trainer.opt_interval", "trainer.max_opts", "trainer.eval_interval", "trainer.eval_episodes",
     "trainer.record_interval", "trainer.sync_interval", "actor.n_buffer", "actor.num_actors",
     "actor.send_hwm", "net.max_message_mb", "net.heartbeat_ms", "net.heartbeat_timeout_ms",
-    "net.republish_s", "net.stats_interval_s", "net.data_keepalive_s", "net.max_peers",
+    "net.republish_s", "net.stats_interval_s", "net.data_keepalive_s", "net.max_peers", "net.proxy_merge",
 }
 _UNIT_INTERVAL = {"agent.gamma", "replay.alpha", "replay.beta0", "actor.eps"}
 _NON_NEGATIVE = {"trainer.warmup", "trainer.save_interval", "trainer.max_seconds", "trainer.max_samples_per_insert",

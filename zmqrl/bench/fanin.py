@@ -20,7 +20,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,9 +59,11 @@ from zmqrl.wire import (
     VersionTracker,
     drain_latest_model,
     encode,
+    encode_bundle,
     make_socket,
     new_incarnation,
     pack,
+    peek,
     send_frames,
 )
 
@@ -101,12 +103,13 @@ def intake(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     """Helper process: the learner's intake alone, timed on its thread. The real Learner (replay
     prefilled, not training) takes ``p["batches"]`` queued batches from ``p["senders"]`` senders (each
     its own name, incarnation, sequence and actor meta) off its data socket into replay, ``INTAKE_PASSES``
-    times; returns its thread's CPU per batch in each pass."""
+    times; returns its thread's CPU per batch in each pass. With ``p["bundle"]`` > 1 they come joined
+    that many to a message, as a proxy joins them (:func:`~zmqrl.wire.encode_bundle`)."""
     cfg = learner_config(Path(p["config"]), *p["overrides"])
     pool = load_arrays(p["pool"])
     anywhere = f"tcp://{HOST}:*"
     learner = prefilled_learner(cfg, Path(p["run_dir"]), pool, (anywhere, anywhere, anywhere))
-    n_buffer, batches, senders = cfg.actor.n_buffer, int(p["batches"]), int(p["senders"])
+    n_buffer, batches, senders, bundle = cfg.actor.n_buffer, int(p["batches"]), int(p["senders"]), int(p["bundle"])
     # as actors send them: packed when small, all their stats on one batch per stats interval at the goal's rate
     encoders = [BatchEncoder(f"fanin-{i}", new_incarnation(), pack_below=DEFAULT_COPY_THRESHOLD)
                 for i in range(senders)]
@@ -116,14 +119,22 @@ def intake(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     push.setsockopt(zmq.SNDHWM, 0)  # queue a whole pass before it is timed
     push.connect(learner.endpoints["data"])
     per_batch: list[float] = []
+    joined: list[tuple[dict[str, Any], list[memoryview], int]] = []
     try:
         for n in range(INTAKE_PASSES):
             for k in range(n * batches, (n + 1) * batches):
                 i, seq = k % senders, k // senders
                 version = learner.book.version
-                push.send_multipart(encoders[i].encode(
+                frames: Sequence[Any] = encoders[i].encode(
                     seq, version, _pool_batch(pool, i * 997 + seq * 61, n_buffer),
-                    actor_meta(i, seq, n_buffer, version, learner.incarnation, 1.0 + seq, full=seq % full_every == 0)))
+                    actor_meta(i, seq, n_buffer, version, learner.incarnation, 1.0 + seq, full=seq % full_every == 0))
+                if bundle > 1:
+                    header, views, _ = peek([bytes(f) for f in frames])
+                    joined.append((header, views, n_buffer))
+                    if len(joined) < bundle and k + 1 < (n + 1) * batches:
+                        continue
+                    frames, joined = encode_bundle("proxy-0", "bench", k, joined), []
+                push.send_multipart(frames)
             target, cpu, deadline = learner.batches + batches, 0.0, time.monotonic() + 60.0
             while learner.batches < target and not stop.set:
                 if time.monotonic() > deadline:
@@ -591,34 +602,43 @@ def rows(c: Context, results: list[Fanin]) -> list[Row]:
     return out
 
 
-def intake_row(c: Context) -> Row:
+def intake_row(c: Context, bundled: bool = False) -> Row:
     """The learner thread's CPU per batch taken in, against what the goal leaves it: at ``GOAL_RATE``
     transitions/s of ``actor.n_buffer``-transition batches, taking them in may cost the thread at most
-    ``1 - KEEP`` of its time (the rest is for optimising)."""
+    ``1 - KEEP`` of its time (the rest is for optimising). ``bundled``: the batches come joined as each
+    of ``PROXIES`` proxies joins them at that rate (what it reads in one ``net.proxy_hold_ms``)."""
     path = c.configs(CONFIG)[0]
     cfg = learner_config(path, *OVERRIDES)
     n_buffer, batches = cfg.actor.n_buffer, c.settings.intake_batches
-    out = c.path("fanin-intake.json")
+    hold_s = cfg.net.proxy_hold_ms / 1000.0
+    bundle = max(2, round(GOAL_RATE / n_buffer / PROXIES * hold_s)) if bundled else 1
+    name = "fanin_intake_us_per_batch" if bundle == 1 else "fanin_intake_bundled_us_per_batch"
+    out = c.path(f"{name}.json")
     with Procs(c.logs) as procs:
-        proc = procs.child("fanin-intake-learner", intake, {
+        proc = procs.child(f"fanin-intake-{bundle}-learner", intake, {
             "config": str(path), "overrides": list(OVERRIDES), "pool": str(_pool(c, cfg)),
-            "run_dir": str(c.path("fanin-intake")), "batches": batches, "senders": INTAKE_SENDERS, "out": str(out)})
+            "run_dir": str(c.path(f"fanin-intake-{bundle}")), "batches": batches, "senders": INTAKE_SENDERS,
+            "bundle": bundle, "out": str(out)})
         result = child_result(proc, out, 300.0)
     taken, expected = int(result["batches"]), INTAKE_PASSES * batches
     if taken != expected or result["rejected"]:
         raise BenchError(f"the intake helper took in {taken} of {expected} batches, {result['rejected']} rejected")
     passes = sorted(1e6 * x for x in result["per_batch_s"])
     budget = 1e6 * (1.0 - KEEP) * n_buffer / GOAL_RATE
+    how = ("each its own message, as actors send them" if bundle == 1 else
+           f"joined {bundle} to a message as a proxy sends them (what each of {PROXIES} proxies reads per "
+           f"{hold_s * 1000:g} ms hold at the goal's rate)")
     return make_row(
-        "fanin_intake_us_per_batch", passes[len(passes) // 2], budget, "us",
+        name, passes[len(passes) // 2], budget, "us",
         f"the learner thread's CPU per {n_buffer}-transition batch from its data socket into replay (receive, "
         f"decode, header and batch checks, sequence, insert, accounting), median of {len(passes)} passes of "
-        f"{batches} queued batches from {result['actors']} senders with actors' meta (passes "
+        f"{batches} queued batches from {result['actors']} senders with actors' meta, {how} (passes "
         f"{passes[0]:.1f}-{passes[-1]:.1f} us); the budget: at the goal's {GOAL_RATE:,.0f} transitions/s in "
         f"{n_buffer}-transition batches ({GOAL_RATE / n_buffer:,.0f}/s), taking them in may use {1 - KEEP:.0%} of "
         f"the learner's thread; {path.name}", ("<=", 1.0))
 
 
 def run(c: Context) -> list[Row]:
-    """The learner's intake cost, then one learner run per sender count in ``settings.fanin``."""
-    return [intake_row(c), *rows(c, [measure(c, n) for n in c.settings.fanin])]
+    """The learner's intake cost (batches as actors send them, then as proxies join them), then one
+    learner run per sender count in ``settings.fanin``."""
+    return [intake_row(c), intake_row(c, bundled=True), *rows(c, [measure(c, n) for n in c.settings.fanin])]

@@ -26,7 +26,18 @@ from zmqrl.bench.harness import (
 )
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import options
-from zmqrl.wire import BATCH, PACK_MAGIC, SocketOptions, encode, make_socket, new_incarnation, pack, send_frames
+from zmqrl.wire import (
+    BATCH,
+    BUNDLE,
+    PACK_MAGIC,
+    SocketOptions,
+    encode,
+    make_socket,
+    new_incarnation,
+    pack,
+    peek_header,
+    send_frames,
+)
 
 CONFIG = "cartpole_dqn.yaml"  # the proxy's config (its socket options); the payloads are fixed below
 PROXY_GOAL = 0.9  # the proxy reaches at least this share of the libzmq relay's rate
@@ -52,7 +63,8 @@ def payload(kind: str, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def recv(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
-    """Helper process: PULL exactly ``n`` batches (stats reports are skipped); time first to last."""
+    """Helper process: PULL exactly ``n`` batches (stats reports are skipped; a proxy's bundle counts
+    its batches); time first to last."""
     net = child_config(p).net
     ctx = zmq.Context(io_threads=1)
     pull = make_socket(ctx, zmq.PULL, options(net, SocketOptions.pull(rcvhwm=64), data_path=True), bind=p["bind"])
@@ -68,12 +80,14 @@ def recv(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
                     frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                if len(frames) < 2 and bytes(frames[0].buffer[:len(PACK_MAGIC)]) != PACK_MAGIC:
+                packed = len(frames) == 1 and bytes(frames[0].buffer[:len(PACK_MAGIC)]) == PACK_MAGIC
+                if len(frames) < 2 and not packed:
                     continue  # a proxy's stats report, not a batch
                 last = time.perf_counter()
                 if count == 0:
                     first = last
-                count += 1
+                header: dict[str, Any] = peek_header(frames) if packed else {"kind": BATCH}
+                count += len(header["meta"]["parts"]) if header["kind"] == BUNDLE else 1
                 nbytes += sum(len(f.buffer) for f in frames)
     finally:
         pull.close(linger=0)

@@ -27,6 +27,7 @@ from zmqrl.config import Config
 from zmqrl.roles.common import limits
 from zmqrl.wire import (
     BATCH,
+    BUNDLE,
     DEFAULT_COPY_THRESHOLD,
     EVAL,
     HELLO,
@@ -37,6 +38,7 @@ from zmqrl.wire import (
     WireError,
     check_batch_spec,
     decode,
+    unbundle,
 )
 
 log = logging.getLogger("zmqrl")
@@ -55,7 +57,7 @@ class Receiver:
     def __init__(self, data: zmq.Socket, evals: zmq.Socket, cfg: Config, spec: BatchSpec) -> None:
         self.data, self.evals = data, evals
         self.spec = spec
-        self.data_limits = limits(cfg.net, BATCH, STATS, HELLO)
+        self.data_limits = limits(cfg.net, BATCH, BUNDLE, STATS, HELLO)
         item_bytes = sum(np.dtype(dtype).itemsize * int(np.prod(shape)) for dtype, shape in spec.values())
         self.copy_data = item_bytes * cfg.actor.n_buffer < COPY_BELOW  # CartPole: 8 us less per batch
         self.eval_limits = limits(cfg.net, EVAL)
@@ -64,6 +66,7 @@ class Receiver:
         self.poller.register(evals, zmq.POLLIN)
         self.rejected: collections.Counter[str] = collections.Counter()
         self.bytes = 0
+        self.bundles = 0  # proxies' bundles taken apart (their batches are counted as batches)
         self.ratelog = RateLimitedLog(log, interval=10.0)
 
     def receive(self, timeout: float = 0.0, max_messages: int = 256) -> list[Message]:
@@ -94,25 +97,30 @@ class Receiver:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
             except zmq.Again:
                 break
-            msg = self._decode(frames, lim, where)
-            if msg is not None:
-                messages.append(msg)
+            messages += self._decode(frames, lim, where)
         return messages
 
-    def _decode(self, frames: list[Any], lim: Any, where: str) -> Message | None:
+    def _decode(self, frames: list[Any], lim: Any, where: str) -> list[Message]:
+        """The message ``frames`` hold (a bundle's batches, taken apart), or none if it is bad."""
         sender = "?"
         try:
             msg = decode(frames, lim)
             sender = msg.sender
             if msg.kind == BATCH:
                 check_batch_spec(msg, self.spec)
+            elif msg.kind == BUNDLE:
+                check_batch_spec(msg, self.spec)
+                parts = unbundle(msg)
+                self.bundles += 1
+                self.bytes += msg.nbytes
+                return parts
         except WireError as exc:
             self.rejected[exc.reason] += 1
             self.ratelog.warn(f"bad-{where}-{exc.reason}", f"learner: dropped a bad message from {sender} on the "
                                                            f"{where} socket: {exc}{HINTS.get(exc.reason, '')}")
-            return None
+            return []
         self.bytes += msg.nbytes
-        return msg
+        return [msg]
 
 
 def _groups(batches: list[Message]) -> list[list[Message]]:

@@ -1,10 +1,14 @@
-"""Proxy: PULL batches from a host's actors, validate and count them, forward them unchanged.
+"""Proxy: PULL batches from a host's actors, validate and count them, forward them to the learner.
 
 Recipe: bind a PULL socket for actors, connect a PUSH socket to the learner (and a SUB to its
 model stream, to hear when the run is over), then loop: receive what has arrived, check each
-message's header and frame lengths (no arrays are built, nothing is re-serialised), count it per
-actor, forward the very same frames, and hold ``net.proxy_hold_ms`` before reading again. Bad
-messages are dropped and counted; per-actor counters are kept for at most ``net.max_peers``
+message's header and frame lengths (no arrays are built), count it per actor, forward it, and
+hold ``net.proxy_hold_ms`` before reading again. The batches of one burst that share an array
+layout go to the learner joined, up to ``net.proxy_merge`` in one BUNDLE message (their bytes
+end to end, each one's header fields in its meta); a lone batch, and one of 64 KB or more (an
+image batch), goes as the very frames it came in. Each message costs the learner a receive, a
+header parse and checks whatever its size, so fewer, larger ones leave it more time to train.
+Bad messages are dropped and counted; per-actor counters are kept for at most ``net.max_peers``
 actors. When the learner is away the proxy stops reading, so actors block with bounded memory;
 when the learner says it finished, the proxy forwards what actors already sent and exits 0.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -24,6 +29,7 @@ from zmqrl.roles.common import Every, auth_counts, limits, new_context, options,
 from zmqrl.roles.fit import learner_done
 from zmqrl.wire import (
     BATCH,
+    DEFAULT_COPY_THRESHOLD,
     HELLO,
     MODEL,
     Message,
@@ -33,17 +39,24 @@ from zmqrl.wire import (
     SocketOptions,
     VersionTracker,
     WireError,
+    batch_layout,
     bound_address,
     drain_latest_model,
+    encode_bundle,
     encode_stats,
     make_socket,
     new_incarnation,
-    peek_header,
+    peek,
     send_frames,
 )
+from zmqrl.wire.codec import BUNDLE_META_DEPTH, meta_depth_ok
 from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
+
+
+JOIN_BELOW = DEFAULT_COPY_THRESHOLD  # batches this large go as they came: joining copies, and saves them little
+BUNDLE_BYTES = 1 << 20  # at most this many bytes of batches in one bundle
 
 
 class _Until:
@@ -80,6 +93,18 @@ class _Hold:
         return woke + self.hold_s if self.rate * self.hold_s < self.queue / 2 else woke
 
 
+@dataclass
+class _Pending:
+    """A batch read in this burst, waiting to go to the learner with others of its layout."""
+
+    frames: list[Any]
+    header: dict[str, Any]
+    views: list[memoryview]
+    n: int  # rows
+    counts: collections.Counter[str]  # its actor's counters
+    size: int  # bytes as received
+
+
 class Proxy:
     """One proxy process: actors' PULL in, learner's PUSH out."""
 
@@ -108,6 +133,11 @@ class Proxy:
                                                                          cfg.net.peer_idle_s)
         self.rejected: collections.Counter[str] = collections.Counter()
         self.forwarded = 0
+        self.bundles = 0  # messages to the learner that joined two or more batches
+        self.pending: list[_Pending] = []  # batches of this burst not yet sent, all of one layout
+        self.pending_layout: tuple[Any, ...] = ()
+        self.pending_bytes = self.pending_header_bytes = 0
+        self.bundle_seq = 0
         self.bursts = 0  # reads that found batches (at most one per net.proxy_hold_ms)
         self.bytes = 0
         self.blocked_s = 0.0
@@ -117,7 +147,7 @@ class Proxy:
 
     def stats(self) -> dict[str, Any]:
         wall = time.monotonic() - self.start
-        return {"forwarded": self.forwarded, "bursts": self.bursts, "bytes": self.bytes,
+        return {"forwarded": self.forwarded, "bundles": self.bundles, "bursts": self.bursts, "bytes": self.bytes,
                 "bytes_per_s": self.bytes / max(wall, 1e-9),
                 "rejected": dict(self.rejected), "rejected_total": sum(self.rejected.values()),
                 "blocked_s": round(self.blocked_s, 3), "bind": self.bind_addr,
@@ -135,9 +165,10 @@ class Proxy:
         return sent is not None
 
     def handle(self, frames: list[Any], stop: StopFlag | _Until) -> None:
-        """Validate one received message and forward it; drop and count it if bad."""
+        """Validate one received message and forward it (a batch waits for :meth:`flush` while
+        others of its layout may join it); drop and count it if bad."""
         try:
-            header = peek_header(frames, self.limits)
+            header, views, specs = peek(frames, self.limits)
         except WireError as exc:
             self.rejected[exc.reason] += 1
             self.ratelog.warn(f"bad-{exc.reason}", f"{self.name}: dropped a bad message on {self.bind_addr}: {exc}")
@@ -155,13 +186,47 @@ class Proxy:
             counts["dropped_old"] += 1
             return
         size = sum(len(f) for f in frames)
-        if self._forward(frames, stop):
-            counts["batches"] += 1
-            counts["bytes"] += size
-            self.forwarded += 1
-            self.bytes += size
-        else:
-            counts["dropped_at_exit"] += 1
+        joinable = header["kind"] == BATCH and self.cfg.net.proxy_merge > 1 and size < JOIN_BELOW
+        layout = batch_layout(specs) if joinable else None
+        if layout is None or not meta_depth_ok(header["meta"], BUNDLE_META_DEPTH):
+            self.flush(stop)
+            self._send([_Pending(frames, header, views, 0, counts, size)], frames, stop)
+            return
+        key, n = layout
+        header_bytes = views[0].nbytes
+        if self.pending and (key != self.pending_layout or len(self.pending) >= self.cfg.net.proxy_merge
+                             or self.pending_bytes + size > BUNDLE_BYTES
+                             or self.pending_header_bytes + header_bytes > self.limits.max_header_bytes // 2):
+            self.flush(stop)
+        self.pending.append(_Pending(frames, header, views, n, counts, size))
+        self.pending_layout = key
+        self.pending_bytes += size
+        self.pending_header_bytes += header_bytes
+
+    def flush(self, stop: StopFlag | _Until) -> None:
+        """Send the batches waiting: one as it came, two or more joined into one bundle."""
+        pending, self.pending, self.pending_bytes, self.pending_header_bytes = self.pending, [], 0, 0
+        if len(pending) == 1:
+            self._send(pending, pending[0].frames, stop)
+        elif pending:
+            frames = encode_bundle(self.name, self.incarnation, self.bundle_seq,
+                                   [(p.header, p.views, p.n) for p in pending], self.limits)
+            self.bundle_seq += 1
+            if self._send(pending, frames, stop):
+                self.bundles += 1
+
+    def _send(self, batches: list[_Pending], frames: list[Any], stop: StopFlag | _Until) -> bool:
+        """Forward ``frames`` (which carry ``batches``) and count each batch as forwarded or lost."""
+        sent = self._forward(frames, stop)
+        for batch in batches:
+            if sent:
+                batch.counts["batches"] += 1
+                batch.counts["bytes"] += batch.size
+                self.forwarded += 1
+                self.bytes += batch.size
+            else:
+                batch.counts["dropped_at_exit"] += 1
+        return sent
 
     def send_stats(self) -> None:
         frames = encode_stats(self.name, self.incarnation, self.stats_seq, {"role": "proxy", **self.stats()})
@@ -207,6 +272,7 @@ class Proxy:
                     self.handle(frames, stop)
                     if stop.set:
                         break
+                self.flush(stop)
                 rest = self.hold.after(woke) - time.monotonic()
                 if rest > 0 and not stop.set:
                     time.sleep(rest)
@@ -222,8 +288,9 @@ class Proxy:
             try:
                 frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                break
             self.handle(frames, until)
+        self.flush(until)
 
     def close(self) -> None:
         write_role_stats(self.run_dir, self.name, {**self.stats(), "links": [link.stats() for link in self.links]})

@@ -18,6 +18,7 @@ import zmq
 from .protocol import (
     ALLOWED_DTYPES,
     BATCH,
+    BUNDLE,
     DEFAULT_LIMITS,
     EVAL,
     HELLO,
@@ -61,13 +62,13 @@ def _short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_text(value: object, what: str, max_chars: int) -> str:
+def _check_text(value: object, what: str, max_chars: int, reason: str = "header") -> str:
     if not isinstance(value, str) or not 0 < len(value) <= max_chars or not value.isprintable():
-        raise WireError("header", f"{what} must be a printable string of 1..{max_chars} chars")
+        raise WireError(reason, f"{what} must be a printable string of 1..{max_chars} chars")
     return value
 
 
-def _meta_depth_ok(meta: object, max_depth: int) -> bool:
+def meta_depth_ok(meta: object, max_depth: int) -> bool:
     """Iteratively check that containers inside ``meta`` nest at most ``max_depth`` deep.
 
     Only containers go on the stack (scalars, the bulk of a meta, are skipped in place).
@@ -188,6 +189,16 @@ def _check_array_specs(entries: object, limits: Limits) -> tuple[tuple[Spec, ...
     return tuple(specs), total
 
 
+def _check_ids(sender: Any, inc: Any, seq: Any, ver: Any, reason: str, where: str) -> None:
+    """Check a sender name, incarnation, sequence number and model version (``where`` prefixes errors)."""
+    _check_text(sender, f"{where}sender", MAX_SENDER_CHARS, reason)
+    _check_text(inc, f"{where}inc", MAX_INCARNATION_CHARS, reason)
+    if not _is_int(seq) or not 0 <= seq <= MAX_INT:
+        raise WireError(reason, f"{where}seq must be an int in 0..2**63-1, got {_short(seq)}")
+    if not _is_int(ver) or not NO_VERSION <= ver <= MAX_INT:
+        raise WireError(reason, f"{where}ver must be an int in -1..2**63-1, got {_short(ver)}")
+
+
 def _check_header(header: object, limits: Limits) -> tuple[dict[str, Any], Sequence[Spec]]:
     """Validate a parsed header object (fields, types, kind, arrays, meta); return it and its array specs."""
     if not isinstance(header, dict):
@@ -204,17 +215,11 @@ def _check_header(header: object, limits: Limits) -> tuple[dict[str, Any], Seque
     kind = header["kind"]
     if not isinstance(kind, str) or not limits.allows(kind):
         raise WireError("kind", f"message kind {_short(kind)} unknown or not allowed")
-    _check_text(header["sender"], "sender", MAX_SENDER_CHARS)
-    _check_text(header["inc"], "inc", MAX_INCARNATION_CHARS)
-    seq, ver = header["seq"], header["ver"]
-    if not _is_int(seq) or not 0 <= seq <= MAX_INT:
-        raise WireError("header", f"seq must be an int in 0..2**63-1, got {_short(seq)}")
-    if not _is_int(ver) or not NO_VERSION <= ver <= MAX_INT:
-        raise WireError("header", f"ver must be an int in -1..2**63-1, got {_short(ver)}")
+    _check_ids(header["sender"], header["inc"], header["seq"], header["ver"], "header", "")
     meta = header["meta"]
     if not isinstance(meta, dict):
         raise WireError("meta", "meta must be a JSON object")
-    if not _meta_depth_ok(meta, MAX_META_DEPTH):
+    if not meta_depth_ok(meta, MAX_META_DEPTH):
         raise WireError("meta", f"meta nests deeper than {MAX_META_DEPTH}")
     return header, _array_specs(header["arrays"], limits)
 
@@ -298,8 +303,15 @@ def peek_header(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> dic
     Returns the parsed header dict.  Meant for relays that count and forward
     the original frames unchanged.  Raises :class:`WireError` on bad input.
     """
-    header, _, _ = _validate(frames, limits)
-    return header
+    return peek(frames, limits)[0]
+
+
+def peek(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS
+         ) -> tuple[dict[str, Any], list[memoryview], Sequence[Spec]]:
+    """:func:`peek_header`, also returning the frames' views (header first, then each array's
+    bytes) and the arrays' specs ``(name, dtype, shape, nbytes)``: what a relay needs to join
+    messages (:func:`encode_bundle`) without building arrays."""
+    return _validate(frames, limits)
 
 
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
@@ -395,7 +407,7 @@ def _batch_size(arrays: Mapping[str, np.ndarray]) -> int:
 
 def check_batch(msg: Message) -> int:
     """Check that ``msg`` is a BATCH whose arrays share one leading length; return it."""
-    if msg.kind != BATCH:
+    if msg.kind not in (BATCH, BUNDLE):
         raise WireError("kind", f"expected a {BATCH!r} message, got {msg.kind!r}")
     return _batch_size(msg.arrays)
 
@@ -406,7 +418,7 @@ OPTIONAL_FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {"priority": (np.
 
 def _fits_spec(msg: Message, spec: BatchSpec) -> int | None:
     """A batch's length when it fits ``spec`` exactly (the common case, checked in one pass); else None."""
-    if msg.kind != BATCH or not msg.arrays:
+    if msg.kind not in (BATCH, BUNDLE) or not msg.arrays:
         return None
     n, required = -1, 0
     for key, array in msg.arrays.items():
@@ -425,7 +437,7 @@ def _fits_spec(msg: Message, spec: BatchSpec) -> int | None:
 
 
 def check_batch_spec(msg: Message, spec: BatchSpec) -> int:
-    """Check a BATCH against the run's batch spec (every field of ``spec``, plus the optional
+    """Check a BATCH (or a BUNDLE of them) against the run's batch spec (every field of ``spec``, plus the optional
     ``priority``; each dtype and per-item shape exact); return its length.
 
     A message can pass every other check and still not be this run's data (another env, a
@@ -491,3 +503,91 @@ def encode_eval(
     """An EVAL report: ``meta = {"version", "returns", "lengths"}``."""
     meta = {"version": version, "returns": [float(r) for r in returns], "lengths": [int(n) for n in lengths]}
     return encode(EVAL, sender=sender, incarnation=incarnation, seq=seq, version=version, meta=meta)
+
+
+# --------------------------------------------------------------------------- bundles (proxy -> learner)
+
+BUNDLE_META_DEPTH = MAX_META_DEPTH - 3  # a part's meta sits three containers deep in its bundle's meta
+
+
+def batch_layout(specs: Sequence[Spec]) -> tuple[tuple[Any, ...], int] | None:
+    """A batch's layout (each array's name, dtype and item shape) and its length, from the specs
+    :func:`peek` returns; None when its arrays could not be joined with others' (none at all, one
+    without a leading dimension, unequal leading lengths, no rows)."""
+    if not specs:
+        return None
+    n = -1
+    for _, _, shape, _ in specs:
+        if not shape or (n >= 0 and shape[0] != n):
+            return None
+        n = shape[0]
+    if n <= 0:
+        return None
+    return tuple((name, dtype.str, shape[1:]) for name, dtype, shape, _ in specs), n
+
+
+def encode_bundle(sender: str, incarnation: str, seq: int,
+                  parts: Sequence[tuple[Mapping[str, Any], Sequence[memoryview], int]],
+                  limits: Limits = DEFAULT_LIMITS) -> list[bytes]:
+    """One packed frame joining BATCH messages of one layout: ``parts`` holds each one's header
+    (as :func:`peek` returns it), its views (header first, then its arrays' bytes) and its length.
+    Each array's bytes are the parts' bytes end to end; meta lists whose rows are whose.
+    Raises WireError when the parts' layouts differ or the header would exceed the limit."""
+    if not parts:
+        raise WireError("shape", "a bundle needs at least one batch")
+    first = parts[0][0]["arrays"]
+    total = sum(n for _, _, n in parts)
+    entries = [[name, dtype, [total, *shape[1:]]] for name, dtype, shape in first]
+    layout = [(name, dtype, shape[1:]) for name, dtype, shape in first]
+    for header, _, _ in parts[1:]:
+        if [(name, dtype, shape[1:]) for name, dtype, shape in header["arrays"]] != layout:
+            raise WireError("schema", f"batch from {header['sender']!r} has another array layout than "
+                                      f"{parts[0][0]['sender']!r}'s: they cannot share a bundle")
+    meta = {"parts": [[h["sender"], h["inc"], h["seq"], h["ver"], n, h["meta"]] for h, _, n in parts]}
+    data = json.dumps({"p": PROTOCOL_NAME, "v": PROTOCOL_VERSION, "kind": BUNDLE, "sender": sender,
+                       "inc": incarnation, "seq": seq, "ver": NO_VERSION, "arrays": entries, "meta": meta},
+                      separators=(",", ":")).encode("utf-8")
+    if len(data) > limits.max_header_bytes:
+        raise WireError("size", f"bundle header is {len(data)} bytes, limit {limits.max_header_bytes}")
+    out: list[bytes | memoryview] = [PACK_MAGIC, len(data).to_bytes(4, "little"), data]
+    size = len(PACK_MAGIC) + 4 + len(data)
+    for j in range(1, len(entries) + 1):
+        pad = _aligned(size) - size
+        if pad:
+            out.append(_ZEROS[:pad])
+            size += pad
+        for _, views, _ in parts:
+            out.append(views[j])
+            size += views[j].nbytes
+    pad = _aligned(size) - size
+    if pad:
+        out.append(_ZEROS[:pad])
+    return [b"".join(out)]
+
+
+def unbundle(msg: Message) -> list[Message]:
+    """The BATCH messages a BUNDLE joined, in order, their arrays views of the bundle's; WireError
+    ("meta" or "shape") unless its parts are well formed and account for its rows exactly."""
+    parts = msg.meta.get("parts") if msg.meta.keys() == {"parts"} else None
+    if type(parts) is not list or not parts:
+        raise WireError("meta", "a bundle's meta must be {\"parts\": [[sender, inc, seq, ver, n, meta], ...]}")
+    total = check_batch(msg)
+    row_bytes = msg.nbytes // total if total else 0
+    out: list[Message] = []
+    lo = 0
+    for i, part in enumerate(parts):
+        if type(part) is not list or len(part) != 6:
+            raise WireError("meta", f"bundle part {i} must be [sender, inc, seq, ver, n, meta]")
+        sender, inc, seq, ver, n, meta = part
+        _check_ids(sender, inc, seq, ver, "meta", f"bundle part {i}: ")
+        if not _is_int(n) or not 0 < n <= total - lo:
+            raise WireError("shape", f"bundle part {i} claims {_short(n)} rows; {total - lo} of {total} are left")
+        if not isinstance(meta, dict):
+            raise WireError("meta", f"bundle part {i}: meta must be a JSON object")
+        hi = lo + n
+        out.append(Message(BATCH, sender, inc, seq, ver, {k: a[lo:hi] for k, a in msg.arrays.items()}, meta,
+                           n * row_bytes))
+        lo = hi
+    if lo != total:
+        raise WireError("shape", f"bundle parts hold {lo} rows, its arrays {total}")
+    return out

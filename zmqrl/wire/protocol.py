@@ -11,6 +11,11 @@ A message is a ZeroMQ multipart message ``[header, buffer0, buffer1, ...]``:
 * each following frame holds the raw C-contiguous bytes of one array, in the
   order of ``arrays``.
 
+A BUNDLE is a proxy's join of several actors' BATCH messages of one array layout: each array
+is theirs end to end, and ``meta`` is ``{"parts": [[sender, inc, seq, ver, n, meta], ...]}``,
+one entry per batch in order (its header's fields and its ``n`` rows), which the learner splits
+back into those batches (:func:`~zmqrl.wire.codec.unbundle`).
+
 Nothing in this package ever unpickles data: arrays are rebuilt with
 ``numpy.frombuffer`` from an allow-list of plain little-endian numeric dtypes.
 """
@@ -33,7 +38,8 @@ MODEL = "model"  # learner -> actors: named parameter arrays; ``version`` is the
 STATS = "stats"  # any role: counters in meta, no arrays
 EVAL = "eval"  # evaluator report: meta {"version", "returns", "lengths"}
 HELLO = "hello"  # a peer announcing itself (role info in meta), no arrays
-KINDS: frozenset[str] = frozenset({BATCH, MODEL, STATS, EVAL, HELLO})
+BUNDLE = "bundle"  # proxy -> learner: several actors' batches joined; meta["parts"] says whose rows are whose
+KINDS: frozenset[str] = frozenset({BATCH, MODEL, STATS, EVAL, HELLO, BUNDLE})
 
 # Allowed array dtypes, as ``numpy.dtype.str`` (little-endian or byte-order free).
 ALLOWED_DTYPES: frozenset[str] = frozenset(
