@@ -225,3 +225,29 @@ def test_a_proxy_sends_a_bursts_batches_joined(tmp_path: Path, procs: Procs, zct
     else:  # 13 batches in at most a few bursts, the wide one's run apart: far fewer messages than batches
         assert bundles and len(got) <= 6, [(m.kind, m.sender) for m in got]
         assert all(m.arrays["obs"].shape[1:] == (4,) for m in bundles)
+
+
+def test_batches_a_proxy_cannot_join_go_each_as_it_came(tmp_path: Path, cartpole_cfg: Any,
+                                                         zctx: zmq.Context) -> None:
+    from zmqrl.lifecycle import StopFlag
+    from zmqrl.roles.proxy import Proxy, _Pending
+
+    tap = zctx.socket(zmq.PULL)
+    tap.setsockopt(zmq.LINGER, 0)
+    port = tap.bind_to_random_port("tcp://127.0.0.1")
+    proxy = Proxy(cartpole_cfg("run.log_level=warning"), "tcp://127.0.0.1:0", f"tcp://127.0.0.1:{port}",
+                  run_dir=str(tmp_path))
+    try:
+        actor = Actor("actor-0")
+        wide = {"obs": np.zeros((64, 6), np.float32), "next_obs": np.zeros((64, 6), np.float32)}
+        sent = [actor.batch(), actor.batch(**wide)]  # two layouts, as if both had been let into one bundle
+        for frames in sent:
+            header, views, _ = peek(frames)
+            proxy.pending.append(_Pending(frames, header, views, 64, proxy.per_actor.admit("actor-0"), 1))
+        with StopFlag() as stop:
+            proxy.flush(stop)
+        got = [decode(tap.recv_multipart()) for _ in sent if tap.poll(5000)]
+        assert [(m.kind, m.seq, m.arrays["obs"].shape) for m in got] == [(BATCH, 0, (64, 4)), (BATCH, 1, (64, 6))]
+        assert proxy.forwarded == 2 and proxy.bundles == 0 and not proxy.pending
+    finally:
+        proxy.close()

@@ -209,8 +209,14 @@ class Proxy:
         if len(pending) == 1:
             self._send(pending, pending[0].frames, stop)
         elif pending:
-            frames = encode_bundle(self.name, self.incarnation, self.bundle_seq,
-                                   [(p.header, p.views, p.n) for p in pending], self.limits)
+            try:
+                frames = encode_bundle(self.name, self.incarnation, self.bundle_seq,
+                                       [(p.header, p.views, p.n) for p in pending], self.limits)
+            except WireError as exc:  # (not expected: layouts and header sizes were checked) each as it came
+                self.ratelog.warn("bundle", f"{self.name}: could not join {len(pending)} batches: {exc}")
+                for batch in pending:
+                    self._send([batch], batch.frames, stop)
+                return
             self.bundle_seq += 1
             if self._send(pending, frames, stop):
                 self.bundles += 1
