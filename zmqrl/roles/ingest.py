@@ -106,21 +106,17 @@ class Receiver:
         try:
             msg = decode(frames, lim)
             sender = msg.sender
-            if msg.kind == BATCH:
+            if msg.kind in (BATCH, BUNDLE):
                 check_batch_spec(msg, self.spec)
-            elif msg.kind == BUNDLE:
-                check_batch_spec(msg, self.spec)
-                parts = unbundle(msg)
-                self.bundles += 1
-                self.bytes += msg.nbytes
-                return parts
+            parts = unbundle(msg) if msg.kind == BUNDLE else [msg]
         except WireError as exc:
             self.rejected[exc.reason] += 1
             self.ratelog.warn(f"bad-{where}-{exc.reason}", f"learner: dropped a bad message from {sender} on the "
                                                            f"{where} socket: {exc}{HINTS.get(exc.reason, '')}")
             return []
+        self.bundles += msg.kind == BUNDLE
         self.bytes += msg.nbytes
-        return [msg]
+        return parts
 
 
 def _groups(batches: list[Message]) -> list[list[Message]]:

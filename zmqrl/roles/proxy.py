@@ -29,6 +29,7 @@ from zmqrl.roles.common import Every, auth_counts, limits, new_context, options,
 from zmqrl.roles.fit import learner_done
 from zmqrl.wire import (
     BATCH,
+    BUNDLE_META_DEPTH,
     DEFAULT_COPY_THRESHOLD,
     HELLO,
     MODEL,
@@ -45,11 +46,11 @@ from zmqrl.wire import (
     encode_bundle,
     encode_stats,
     make_socket,
+    meta_depth_ok,
     new_incarnation,
     peek,
     send_frames,
 )
-from zmqrl.wire.codec import BUNDLE_META_DEPTH, meta_depth_ok
 from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")

@@ -5,6 +5,7 @@ the network is ever unpickled.
 """
 
 from .codec import (
+    BUNDLE_META_DEPTH,
     OPTIONAL_FIELDS,
     PACK_MAGIC,
     BatchSpec,
@@ -19,6 +20,7 @@ from .codec import (
     encode_hello,
     encode_model,
     encode_stats,
+    meta_depth_ok,
     pack,
     peek,
     peek_header,
@@ -70,6 +72,7 @@ __all__ = [
     "ALLOWED_DTYPES",
     "BATCH",
     "BUNDLE",
+    "BUNDLE_META_DEPTH",
     "BatchEncoder",
     "DEFAULT_COPY_THRESHOLD",
     "DEFAULT_LIMITS",
@@ -116,6 +119,7 @@ __all__ = [
     "has_curve",
     "keygen",
     "make_socket",
+    "meta_depth_ok",
     "new_incarnation",
     "pack",
     "peek",
