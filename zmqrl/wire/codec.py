@@ -267,16 +267,22 @@ def pack(frames: Sequence[bytes | memoryview]) -> bytes:
     Used for models: a single frame lets subscribers set ``ZMQ_CONFLATE`` (keep only the newest
     message), which ZeroMQ offers for single-frame messages only.
     """
-    header = bytes(frames[0])
-    parts: list[bytes | memoryview] = [PACK_MAGIC, len(header).to_bytes(4, "little"), header]
+    return _packed(bytes(frames[0]), [[buf] for buf in frames[1:]])
+
+
+def _packed(header: bytes, arrays: Sequence[Sequence[bytes | memoryview]]) -> bytes:
+    """The packed frame of ``header`` and arrays, each array's bytes given as pieces laid end to end."""
+    out: list[bytes | memoryview] = [PACK_MAGIC, len(header).to_bytes(4, "little"), header]
     size = len(PACK_MAGIC) + 4 + len(header)
-    for buf in (*frames[1:], b""):
+    for pieces in (*arrays, ()):  # (the empty last one pads the frame's end)
         pad = _aligned(size) - size
         if pad:
-            parts.append(_ZEROS[:pad])
-        parts.append(buf)
-        size += pad + memoryview(buf).nbytes
-    return b"".join(parts)
+            out.append(_ZEROS[:pad])
+            size += pad
+        for piece in pieces:
+            out.append(piece)
+            size += memoryview(piece).nbytes
+    return b"".join(out)
 
 
 def _validate(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], list[memoryview], Sequence[Spec]]:
@@ -549,20 +555,7 @@ def encode_bundle(sender: str, incarnation: str, seq: int,
                       separators=(",", ":")).encode("utf-8")
     if len(data) > limits.max_header_bytes:
         raise WireError("size", f"bundle header is {len(data)} bytes, limit {limits.max_header_bytes}")
-    out: list[bytes | memoryview] = [PACK_MAGIC, len(data).to_bytes(4, "little"), data]
-    size = len(PACK_MAGIC) + 4 + len(data)
-    for j in range(1, len(entries) + 1):
-        pad = _aligned(size) - size
-        if pad:
-            out.append(_ZEROS[:pad])
-            size += pad
-        for _, views, _ in parts:
-            out.append(views[j])
-            size += views[j].nbytes
-    pad = _aligned(size) - size
-    if pad:
-        out.append(_ZEROS[:pad])
-    return [b"".join(out)]
+    return [_packed(data, [[views[j] for _, views, _ in parts] for j in range(1, len(entries) + 1)])]
 
 
 def unbundle(msg: Message) -> list[Message]:
