@@ -106,9 +106,8 @@ class Receiver:
         try:
             msg = decode(frames, lim)
             sender = msg.sender
-            if msg.kind in (BATCH, BUNDLE):
-                check_batch_spec(msg, self.spec)
-            parts = unbundle(msg) if msg.kind == BUNDLE else [msg]
+            rows = check_batch_spec(msg, self.spec) if msg.kind in (BATCH, BUNDLE) else 0
+            parts = unbundle(msg, rows) if msg.kind == BUNDLE else [msg]
         except WireError as exc:
             self.rejected[exc.reason] += 1
             self.ratelog.warn(f"bad-{where}-{exc.reason}", f"learner: dropped a bad message from {sender} on the "

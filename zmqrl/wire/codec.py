@@ -558,13 +558,14 @@ def encode_bundle(sender: str, incarnation: str, seq: int,
     return [_packed(data, [[views[j] for _, views, _ in parts] for j in range(1, len(entries) + 1)])]
 
 
-def unbundle(msg: Message) -> list[Message]:
+def unbundle(msg: Message, rows: int | None = None) -> list[Message]:
     """The BATCH messages a BUNDLE joined, in order, their arrays views of the bundle's; WireError
-    ("meta" or "shape") unless its parts are well formed and account for its rows exactly."""
+    ("meta" or "shape") unless its parts are well formed and account for its rows exactly.
+    ``rows``: its length, where the caller already checked it (:func:`check_batch_spec`)."""
     parts = msg.meta.get("parts") if msg.meta.keys() == {"parts"} else None
     if type(parts) is not list or not parts:
         raise WireError("meta", "a bundle's meta must be {\"parts\": [[sender, inc, seq, ver, n, meta], ...]}")
-    total = check_batch(msg)
+    total = check_batch(msg) if rows is None else rows
     row_bytes = msg.nbytes // total if total else 0
     out: list[Message] = []
     lo = 0
