@@ -1,4 +1,4 @@
-"""Shared fixtures: the shipped CartPole config with ``--set`` overrides, and role processes."""
+"""Shared fixtures: the shipped CartPole config with ``--set`` overrides, role processes, a ZeroMQ context."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import zmq
 
 from procs import Procs
 from zmqrl import config
@@ -36,3 +37,11 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
         yield group
     finally:
         group.stop_all()
+
+
+@pytest.fixture
+def zctx() -> Iterator[zmq.Context]:
+    """A ZeroMQ context, destroyed without lingering after the test."""
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)

@@ -16,7 +16,6 @@ import re
 import resource
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +36,6 @@ pytestmark = pytest.mark.timeout(180)
 
 def tcp(port: int | None = None) -> str:
     return f"tcp://127.0.0.1:{port or free_port()}"
-
-
-@pytest.fixture
-def zctx() -> Iterator[zmq.Context]:
-    ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
 
 
 def cartpole_batch(n: int, seed: int, priority: float | None = 0.5) -> dict[str, np.ndarray]:

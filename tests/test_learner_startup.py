@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +57,6 @@ def batch_frames(seq: int, arrays: dict[str, np.ndarray], sender: str = "actor-0
     stats = {"env_steps": 64 * (seq + 1)}
     return encode(BATCH, sender=sender, incarnation="inc-1", seq=seq, version=0, arrays=arrays,
                   meta={"stats": stats, "episodes": {"returns": [10.0], "lengths": [10]}, "epsilon": 0.4})
-
-
-@pytest.fixture
-def zctx() -> Iterator[zmq.Context]:
-    ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
 
 
 def make_learner(cfg: Config, run_dir: Path) -> Learner:
