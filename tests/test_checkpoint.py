@@ -6,8 +6,10 @@ import collections
 import json
 import math
 import os
+import selectors
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +117,204 @@ def test_copy_makes_an_independent_checkpoint(tmp_path: Path) -> None:
     assert listing(tmp_path) == ["100", "best"]
     checkpoint.save(src, agent_state(7.0), {"version": 7})
     assert checkpoint.load(dest)[1] == {"version": 6}
+
+
+def test_copy_replaces_the_destination_and_leaves_no_temporary(tmp_path: Path) -> None:
+    src = checkpoint.save(tmp_path / "100", agent_state(6.0), {"version": 6},
+                          extra_files={"replay.npz": lambda p: p.write_bytes(b"replay")})
+    checkpoint.copy(src, tmp_path / "latest")
+    assert listing(tmp_path / "latest") == sorted([AGENT_FILE, STATE_FILE, "replay.npz"])
+    assert listing(tmp_path) == ["100", "latest"]
+
+
+# ---------------------------------------------------------------- power loss and SIGKILL
+
+
+Event = tuple[str, str, str]  # ("fsync", path, "") or ("replace", src, dst)
+
+
+def record_fsyncs_and_renames(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
+    """Record, in order, every os.fsync (the path its fd names) and every os.replace."""
+    events: list[Event] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), ""))
+        real_fsync(fd)
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        events.append(("replace", os.path.realpath(src), os.path.realpath(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+def assert_synced_before_swap(events: list[Event], target: Path, files: list[str]) -> None:
+    """Each of ``files`` in the temporary, then the temporary itself, fsynced before any rename of
+    ``target`` (or to ``target.old``); the parent fsynced after the temporary became ``target``."""
+    target = Path(os.path.realpath(target))
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    renames = [i for i, (kind, _, dst) in enumerate(events) if kind == "replace" and Path(dst).parent == target.parent]
+    assert renames, events
+    swap = [i for i in renames if events[i][1:] == (str(tmp), str(target))]
+    assert len(swap) == 1, events
+    synced = {path: i for i, (kind, path, _) in enumerate(events) if kind == "fsync"}
+    for name in files:
+        assert str(tmp / name) in synced, f"{name} never fsynced: {events}"
+        assert synced[str(tmp / name)] < renames[0], f"{name} fsynced after the rename: {events}"
+    assert synced.get(str(tmp), len(events)) < renames[0], f"the temporary directory not fsynced first: {events}"
+    assert any(kind == "fsync" and path == str(target.parent) for kind, path, _ in events[swap[0] + 1:]), \
+        f"the parent directory not fsynced after the rename: {events}"
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names fsynced fds through /proc")
+
+
+@needs_proc
+def test_every_file_is_fsynced_before_the_checkpoint_is_renamed_into_place(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A power loss after the rename must not find a torn agent.pt or replay file: torch.save and
+    an extra writer do not fsync, so the save does it for every file of the temporary."""
+    target = tmp_path / "checkpoints" / "latest"
+    checkpoint.save(target, agent_state(1.0), {"version": 1})
+    events = record_fsyncs_and_renames(monkeypatch)
+    checkpoint.save(target, agent_state(2.0), {"version": 2},
+                    extra_files={"replay.npz": lambda p: p.write_bytes(b"replay bytes, not fsynced by the writer")})
+    assert_synced_before_swap(events, target, [AGENT_FILE, STATE_FILE, "replay.npz"])
+    assert checkpoint.load(target)[1] == {"version": 2}
+
+
+@needs_proc
+def test_a_copy_is_fsynced_before_it_is_renamed_into_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = checkpoint.save(tmp_path / "100", agent_state(6.0), {"version": 6},
+                          extra_files={"replay.npz": lambda p: p.write_bytes(b"replay")})
+    checkpoint.save(tmp_path / "best", agent_state(1.0), {"version": 1})
+    events = record_fsyncs_and_renames(monkeypatch)
+    checkpoint.copy(src, tmp_path / "best")
+    assert_synced_before_swap(events, tmp_path / "best", [AGENT_FILE, STATE_FILE, "replay.npz"])
+    assert checkpoint.load(tmp_path / "best")[1] == {"version": 6}
+
+
+def dead_pid() -> int:
+    """The PID of a process that has exited and been reaped."""
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait(timeout=60)
+    return proc.pid
+
+
+def test_a_save_removes_what_dead_saves_left_and_keeps_the_only_good_copy(tmp_path: Path) -> None:
+    ckpts = tmp_path / "checkpoints"
+    checkpoint.save(ckpts / "latest", agent_state(1.0), {"version": 1})
+    checkpoint.save(ckpts / "best", agent_state(2.0), {"version": 2})
+    os.replace(ckpts / "best", ckpts / "best.old")  # a swap interrupted between its renames: the only copy
+    (ckpts / "latest.old").mkdir()  # a swap killed while it deleted the previous copy
+    (ckpts / "latest.old" / AGENT_FILE).write_bytes(b"half deleted")
+    pid = dead_pid()
+    (ckpts / f".latest.tmp-{pid}").mkdir()
+    (ckpts / f".latest.tmp-{pid}" / AGENT_FILE).write_bytes(b"torn")
+    (ckpts / f".best.tmp-{pid}").write_bytes(b"torn")
+    (ckpts / f".latest.tmp-{os.getpid()}").mkdir()  # an earlier process with this PID (a container restart)
+    (ckpts / "notes.txt").write_text("not a checkpoint")
+    checkpoint.save(ckpts / "100", agent_state(3.0), {"version": 3})
+    assert listing(ckpts) == ["100", "best.old", "latest", "notes.txt"]
+    assert checkpoint.resolve(ckpts / "best") == ckpts / "best.old"
+    assert checkpoint.load(ckpts / "best")[1] == {"version": 2}
+    assert checkpoint.load(ckpts / "latest")[1] == {"version": 1}
+
+
+def test_a_save_keeps_the_temporary_of_a_save_in_progress_in_this_process(tmp_path: Path) -> None:
+    """``latest`` written by a background thread while the training thread saves ``<opt_steps>``."""
+    ckpts = tmp_path / "checkpoints"
+    started, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def replay_writer(path: Path) -> None:
+        path.write_bytes(b"replay")
+        started.set()
+        if not release.wait(60):
+            raise TimeoutError("never released")
+
+    def save_latest() -> None:
+        try:
+            checkpoint.save(ckpts / "latest", agent_state(1.0), {"version": 1},
+                            extra_files={"replay.npz": replay_writer})
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=save_latest, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(60), "the background save never reached its writer"
+        checkpoint.save(ckpts / "100", agent_state(2.0), {"version": 2})
+        assert (ckpts / f".latest.tmp-{os.getpid()}" / "replay.npz").is_file()
+    finally:
+        release.set()
+        thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+    assert listing(ckpts) == ["100", "latest"]
+    assert checkpoint.load(ckpts / "latest")[1] == {"version": 1}
+
+
+_BLOCKED_SAVE_SCRIPT = r'''
+import sys
+import threading
+import torch
+from zmqrl import checkpoint
+
+def replay_writer(path):
+    path.write_bytes(bytes(1 << 20))
+    print("writing", flush=True)
+    threading.Event().wait()  # held here until the test kills this process
+
+checkpoint.save(sys.argv[1], {"w": torch.zeros(3)}, {"version": 2}, extra_files={"replay.npz": replay_writer})
+'''
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The next line ``proc`` prints, waiting at most ``timeout`` seconds ("" if it exited)."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            return ""
+    return proc.stdout.readline().strip()
+
+
+def test_a_save_killed_midway_leaves_a_temporary_the_next_save_removes(tmp_path: Path) -> None:
+    """SIGKILL in the middle of a save leaves ``.latest.tmp-PID``; it is kept while that process
+    lives and removed by the next save in the directory once it is dead; ``latest`` stays whole."""
+    ckpts = tmp_path / "checkpoints"
+    checkpoint.save(ckpts / "latest", agent_state(1.0), {"version": 1})
+    stderr = tmp_path / "child.err"
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_SAVE_SCRIPT, str(ckpts / "latest")],
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    tmp = ckpts / f".latest.tmp-{proc.pid}"
+    try:
+        line = read_line(proc, timeout=120)
+        assert line == "writing", f"the child never reached its writer (exit {proc.poll()}):\n{stderr.read_text()}"
+        assert (tmp / "replay.npz").is_file() and (tmp / AGENT_FILE).is_file()
+        (ckpts / "latest.old").mkdir()  # beside a complete latest, but latest is being written: kept
+        checkpoint.save(ckpts / "100", agent_state(3.0), {"version": 3})
+        assert proc.poll() is None
+        assert listing(ckpts) == sorted(["100", "latest", "latest.old", tmp.name])  # the live save's are kept
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert tmp.is_dir()  # what SIGKILL leaves
+    assert checkpoint.resolve(ckpts / "latest") == ckpts / "latest"
+    checkpoint.save(ckpts / "200", agent_state(4.0), {"version": 4})
+    assert listing(ckpts) == ["100", "200", "latest"]
+    assert checkpoint.resolve(ckpts / "latest") == ckpts / "latest"
+    assert_agent_state(checkpoint.load(ckpts / "latest")[0], 1.0)
+    assert checkpoint.load(ckpts / "latest")[1] == {"version": 1}
 
 
 def test_corrupt_agent_file_names_it(tmp_path: Path) -> None:

@@ -7,8 +7,14 @@ named parameters an actor acts with, whichever algorithm wrote it) and ``state.j
 distributed run) holds the policy alone: ``policy.npz`` (see :func:`write_tree`) in place of
 ``agent.pt``, written and read without torch. Replacing an existing directory takes two
 renames: the old copy moves to ``NAME.old`` first and is deleted only after the new one is in
-place; :func:`load` falls back to ``NAME.old`` if a crash happened in between. A crash can
-therefore never leave a torn checkpoint.
+place; :func:`load` falls back to ``NAME.old`` if a crash happened in between. Every file of
+the temporary directory, then the directory itself, is fsynced before the rename, and the parent
+after it, so neither a crash nor a power loss can leave a torn checkpoint.
+
+A process killed while writing leaves its temporary (``.NAME.tmp-PID``) behind; every save
+removes those of processes no longer alive from its parent directory first
+(:func:`remove_stale_temporaries`), and any ``NAME.old`` that a complete ``NAME`` has made
+unnecessary.
 
 Other files of a checkpoint that hold nested plain data (numbers, strings, numpy arrays, lists,
 tuples, dicts), such as the state of the envs, go through :func:`write_tree` and
@@ -19,8 +25,12 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
+import re
 import shutil
+import stat
+import threading
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping
@@ -39,6 +49,12 @@ POLICY_KEY = "policy"  # in agent.pt of every checkpoint: the policy parameters 
 TREE_KEY = "__tree__"  # in a file written by write_tree: the JSON outline, as uint8 bytes
 # What reading a damaged file can raise; readers turn each into one CheckpointError naming the file.
 FILE_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, zipfile.BadZipFile, zlib.error)
+OLD_SUFFIX = ".old"  # NAME.old: the previous copy while NAME is being replaced
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>[0-9]+)")  # .NAME.tmp-PID, written by process PID
+
+log = logging.getLogger("zmqrl")
+_in_flight: set[Path] = set()  # temporaries this process is writing now (a background save among them)
+_in_flight_lock = threading.Lock()
 
 
 class CheckpointError(RuntimeError):
@@ -54,6 +70,95 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Fsync every regular file under ``root``, then each directory, ``root`` last (links are not followed)."""
+    for parent, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            path = os.path.join(parent, name)
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(parent))
+
+
+def _remove(path: Path) -> None:
+    """Delete a file or a directory tree, whichever ``path`` is; gone already, or removed meanwhile
+    by another save, is fine."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            if path.exists():
+                shutil.rmtree(path)  # again, for the error that kept it
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists here and is not a zombie (one that cannot write any more)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True  # another user's process
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[:1] != ["Z"]
+    except OSError:
+        return True
+
+
+def remove_stale_temporaries(ckpt_dir: str | Path) -> list[Path]:
+    """Delete what interrupted saves left in ``ckpt_dir``; returns the paths removed.
+
+    A temporary ``.NAME.tmp-PID`` goes when process PID is gone, or is this process and not one
+    of its saves in progress (an earlier process had the same PID). ``NAME.old`` goes only when
+    ``NAME`` is complete (what :func:`resolve` reads) and no live process is writing ``NAME``:
+    after an interrupted swap it is the only good copy, and is kept.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        names = os.listdir(ckpt_dir)
+    except OSError:
+        return []
+    with _in_flight_lock:
+        in_flight = set(_in_flight)
+    stale: list[Path] = []
+    being_written: set[str] = set()
+    for name in names:
+        match = _TEMPORARY.fullmatch(name)
+        if match is None:
+            continue
+        pid, path = int(match["pid"]), ckpt_dir / name
+        if path in in_flight or (pid != os.getpid() and _pid_alive(pid)):
+            being_written.add(match["name"])
+        else:
+            stale.append(path)
+    for name in names:
+        if name.endswith(OLD_SUFFIX) and not name.startswith("."):
+            current = name[:-len(OLD_SUFFIX)]
+            if current not in being_written and (ckpt_dir / current / STATE_FILE).is_file():
+                stale.append(ckpt_dir / name)
+    removed = []
+    for path in stale:
+        try:
+            _remove(path)
+        except OSError as exc:
+            log.warning("could not remove %s, left by an interrupted save: %s", path, exc)
+            continue
+        log.info("removed %s, left by an interrupted save", path)
+        removed.append(path)
+    return removed
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
@@ -101,43 +206,49 @@ def _write_atomically(directory: Path, write: Callable[[Path], None]) -> Path:
     """``write(tmp)`` fills a fresh temporary directory, which then replaces ``directory`` (module docstring)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    with _in_flight_lock:
+        _in_flight.add(tmp)
     try:
-        write(tmp)
-        _fsync_dir(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = directory.with_name(directory.name + ".old")
+        remove_stale_temporaries(directory.parent)
+        _remove(tmp)
+        tmp.mkdir()
+        try:
+            write(tmp)
+            _fsync_tree(tmp)  # whatever the writers made: they need not fsync their own files
+            _swap_in(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        with _in_flight_lock:
+            _in_flight.discard(tmp)
+    return directory
+
+
+def _swap_in(tmp: Path, directory: Path) -> None:
+    """Rename the complete, fsynced ``tmp`` to ``directory``; any previous copy waits as ``NAME.old``
+    until the rename is durable."""
+    old = directory.with_name(directory.name + OLD_SUFFIX)
     if directory.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(directory, old)
+        if (directory / STATE_FILE).is_file() or not (old / STATE_FILE).is_file():
+            _remove(old)
+            os.replace(directory, old)
+        else:  # not a checkpoint; the copy resolve reads is NAME.old, kept until the new one is in place
+            _remove(directory)
     os.replace(tmp, directory)
     _fsync_dir(directory.parent)
-    if old.exists():
-        shutil.rmtree(old)
-    return directory
+    try:
+        _remove(old)
+    except OSError as exc:  # the new copy is in place; the next save in this directory tries again
+        log.warning("could not remove %s: %s", old, exc)
 
 
 def copy(src: str | Path, dest: str | Path) -> Path:
     """Copy a finished checkpoint to another name, atomically."""
-    src, dest = Path(src), Path(dest)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(src, tmp)
-    old = dest.with_name(dest.name + ".old")
-    if dest.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(dest, old)
-    os.replace(tmp, dest)
-    if old.exists():
-        shutil.rmtree(old)
-    return dest
+    def write(tmp: Path) -> None:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+
+    return _write_atomically(Path(dest), write)
 
 
 def resolve(directory: str | Path) -> Path:
