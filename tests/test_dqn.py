@@ -177,7 +177,7 @@ def test_loss_metric_matches_hand_computation(loss: str) -> None:
     assert metrics["q_mean"] == pytest.approx(float(q_taken.mean()), rel=1e-4, abs=1e-5)
     assert metrics["td_abs_mean"] == pytest.approx(float(np.abs(td).mean()), rel=1e-4)
     assert metrics["grad_norm"] > 0
-    assert set(metrics) == {"loss", "q_mean", "td_abs_mean", "grad_norm"}
+    assert set(metrics) == {"loss", "q_mean", "td_abs_mean", "grad_norm", "skipped"} and metrics["skipped"] == 0
 
 
 def test_importance_weights_scale_the_loss() -> None:

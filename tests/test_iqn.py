@@ -146,7 +146,8 @@ def test_update_loss_and_priorities_match_brute_force(double: bool) -> None:
     assert metrics["q_mean"] == pytest.approx(float(q_taken.mean()), rel=1e-4, abs=1e-5)
     assert priorities.dtype == np.float32 and priorities.shape == (b,)
     np.testing.assert_allclose(priorities, expected_prio, rtol=1e-4, atol=1e-6)
-    assert set(metrics) == {"loss", "q_mean", "td_abs_mean", "grad_norm"} and metrics["grad_norm"] > 0
+    assert set(metrics) == {"loss", "q_mean", "td_abs_mean", "grad_norm", "skipped"} and metrics["grad_norm"] > 0
+    assert metrics["skipped"] == 0
 
 
 def test_double_and_plain_targets_differ() -> None:

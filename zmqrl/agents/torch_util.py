@@ -120,6 +120,21 @@ def clip_gradients(module: nn.Module, max_norm: float) -> torch.Tensor:
 
 
 @torch.no_grad()
+def nonfinite(*values: torch.Tensor) -> torch.Tensor:
+    """1.0 when any of these scalars (a loss, a gradient norm) is NaN or infinite, else 0.0: a 0-d
+    tensor on their device, so an update can skip its step (:meth:`Adam.step_unless`) without a host sync."""
+    return (~torch.isfinite(torch.stack([v.detach().float().reshape(()) for v in values]))).any().float()
+
+
+def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """``optimizer.step()`` unless ``skip`` (see :func:`nonfinite`); on the device for :class:`Adam`."""
+    if isinstance(optimizer, Adam):
+        optimizer.step_unless(skip)
+    elif not bool(skip):
+        optimizer.step()
+
+
+@torch.no_grad()
 def update_target(target: nn.Module, source: nn.Module, tau: float) -> None:
     """Hard copy (``tau`` >= 1) or Polyak average of ``source`` into ``target``."""
     for t, s in zip(target.parameters(), source.parameters(), strict=True):
@@ -217,7 +232,17 @@ class Adam(torch.optim.Adam):
     _stock_step_with_hooks = torch.optim.Optimizer.profile_hook_step(_stock_step)
 
     @torch.no_grad()
-    def _fused_step(self) -> bool:
+    def step_unless(self, skip: torch.Tensor) -> None:
+        """:meth:`step`, or nothing at all (parameters, moments and step counts as they were) where
+        ``skip`` (a 0-d float tensor: 1.0 skips, see :func:`nonfinite`) says so. With torch's fused
+        kernel the choice is made on the device, without waiting for the host; otherwise ``skip``
+        is read first."""
+        if not self._fused_step(skip):
+            if not bool(skip):
+                self.step()
+
+    @torch.no_grad()
+    def _fused_step(self, skip: torch.Tensor | None = None) -> bool:
         """The fused kernel called directly, as the stock ``step`` calls it once every parameter has
         its state and a gradient, all on one device and dtype, with no hooks: 160 -> 60 us a step
         for the CartPole network (the stock path groups tensors and checks options on every call).
@@ -239,12 +264,16 @@ class Adam(torch.optim.Adam):
         for group, params in calls:
             states = [self.state[p] for p in params]
             steps = [s["step"] for s in states]
-            torch._foreach_add_(steps, 1)
+            if skip is None:
+                torch._foreach_add_(steps, 1)
+            else:
+                skip = skip.to(device=params[0].device, dtype=torch.float32).reshape(())
+                torch._foreach_add_(steps, 1 - skip)
             fused = torch._fused_adamw_ if group.get("decoupled_weight_decay") else torch._fused_adam_
             fused(params, [p.grad for p in params], [s["exp_avg"] for s in states],
                   [s["exp_avg_sq"] for s in states], [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [],
                   steps, amsgrad=group["amsgrad"], lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
-                  weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"])
+                  weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"], found_inf=skip)
         return True
 
 

@@ -25,7 +25,14 @@ from zmqrl.agents.dqn.explicit import ExplicitMLPLoss
 from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.dqn.numpy_policy import td_priorities
 from zmqrl.agents.staging import BatchStager
-from zmqrl.agents.torch_util import Adam, clip_gradients, load_module_params, module_params, update_target
+from zmqrl.agents.torch_util import (
+    Adam,
+    clip_gradients,
+    load_module_params,
+    module_params,
+    nonfinite,
+    update_target,
+)
 from zmqrl.config import ConfigError
 
 
@@ -113,7 +120,7 @@ class DQNAgent(DQNPolicy):
         self._explicit = (ExplicitMLPLoss(self.q, self.target, cfg.double, cfg.loss == "huber")
                           if isinstance(self.q, MLPQNetwork) and isinstance(self.target, MLPQNetwork) else None)
 
-    METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm")
+    METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "skipped")
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
 
     def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
@@ -128,8 +135,9 @@ class DQNAgent(DQNPolicy):
         obs, action, reward, next_obs, discount, weights = self._tensors(batch)
         loss, q, td, grad_norm = self._explicit(obs, action, reward, next_obs, discount, weights,
                                                 self.cfg.max_grad_norm)
-        self.optimizer.step()
-        return self._finish_step(loss, q, td, grad_norm)
+        skipped = nonfinite(loss, grad_norm)
+        self.optimizer.step_unless(skipped)
+        return self._finish_step(loss, q, td, grad_norm, skipped)
 
     def update_autograd(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
         """:meth:`update` through autograd, for any network."""
@@ -154,8 +162,9 @@ class DQNAgent(DQNPolicy):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = clip_gradients(self.q, self.cfg.max_grad_norm)
-        self.optimizer.step()
-        return self._finish_step(loss.detach(), q.detach(), td.detach(), grad_norm.detach())
+        skipped = nonfinite(loss, grad_norm)
+        self.optimizer.step_unless(skipped)
+        return self._finish_step(loss.detach(), q.detach(), td.detach(), grad_norm.detach(), skipped)
 
     def _tensors(self, batch: Mapping[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
         """``obs, action (B, 1) int64, reward, next_obs, discount, weights`` (ones if absent) on the device."""
@@ -164,16 +173,19 @@ class DQNAgent(DQNPolicy):
         weights = t["weights"].float() if "weights" in t else torch.ones_like(reward)
         return t["obs"], t["action"].long().unsqueeze(1), reward, t["next_obs"], t["discount"].float(), weights
 
-    def _finish_step(self, loss: torch.Tensor, q: torch.Tensor, td: torch.Tensor,
-                     grad_norm: torch.Tensor) -> tuple[dict[str, float], np.ndarray]:
-        """Count the step, update the target when due; metrics and priorities in one copy to the host."""
+    def _finish_step(self, loss: torch.Tensor, q: torch.Tensor, td: torch.Tensor, grad_norm: torch.Tensor,
+                     skipped: torch.Tensor) -> tuple[dict[str, float], np.ndarray]:
+        """Count the step, update the target when due; metrics and priorities in one copy to the host.
+        ``skipped`` (1.0 when the loss or gradients were not finite and the step was not applied) is
+        the metric ``skipped``."""
         self.opt_steps += 1
         if self.opt_steps % self.cfg.target_update_interval == 0:
             self.update_target()
         td_abs = td.abs().float()
-        stats = torch.stack([loss, q.mean(), td_abs.mean(), grad_norm]).float()
+        stats = torch.stack([loss, q.mean(), td_abs.mean(), grad_norm, skipped]).float()
         host = torch.cat([stats, td_abs]).cpu().numpy()
-        return dict(zip(self.METRICS, host[:4].tolist(), strict=True)), host[4:].astype(np.float32)
+        n = len(self.METRICS)
+        return dict(zip(self.METRICS, host[:n].tolist(), strict=True)), host[n:].astype(np.float32)
 
     def adopt_initial(self, params: Mapping[str, np.ndarray]) -> None:
         """Start from version-0 parameters; the target network starts as their copy."""

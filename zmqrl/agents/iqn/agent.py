@@ -31,7 +31,14 @@ from zmqrl.agents.iqn.config import IQNConfig
 from zmqrl.agents.iqn.networks import IQNNetwork, mlp_iqn, nature_cnn_iqn
 from zmqrl.agents.iqn.numpy_policy import draw_taus, midpoint_taus
 from zmqrl.agents.staging import BatchStager
-from zmqrl.agents.torch_util import Adam, clip_gradients, load_module_params, module_params, update_target
+from zmqrl.agents.torch_util import (
+    Adam,
+    clip_gradients,
+    load_module_params,
+    module_params,
+    nonfinite,
+    update_target,
+)
 from zmqrl.config import ConfigError
 
 
@@ -142,7 +149,7 @@ class IQNAgent(IQNPolicy):
         self.tau_rng.manual_seed(seed)
         self._stage = BatchStager(self.device)
 
-    METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm")
+    METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "skipped")
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
 
     def _draw(self, rows: int, k: int) -> torch.Tensor:
@@ -182,7 +189,8 @@ class IQNAgent(IQNPolicy):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = clip_gradients(self.q, cfg.max_grad_norm)
-        self.optimizer.step()
+        skipped = nonfinite(loss, grad_norm)
+        self.optimizer.step_unless(skipped)
         self.opt_steps += 1
         if self.opt_steps % cfg.target_update_interval == 0:
             self.update_target()
@@ -191,9 +199,10 @@ class IQNAgent(IQNPolicy):
             priorities = rho.detach().mean(dim=(1, 2)).float()
             q = pred.detach().mean(dim=1)
             td_abs = (target.mean(dim=1) - q).abs()
-            stats = torch.stack([loss.detach(), q.mean(), td_abs.mean(), grad_norm.detach()]).float()
+            stats = torch.stack([loss.detach(), q.mean(), td_abs.mean(), grad_norm.detach(), skipped]).float()
             host = torch.cat([stats, priorities]).cpu().numpy()
-        return dict(zip(self.METRICS, host[:4].tolist(), strict=True)), host[4:].astype(np.float32)
+        n = len(self.METRICS)
+        return dict(zip(self.METRICS, host[:n].tolist(), strict=True)), host[n:].astype(np.float32)
 
     def adopt_initial(self, params: Mapping[str, np.ndarray]) -> None:
         """Start from version-0 parameters; the target network starts as their copy."""

@@ -34,7 +34,14 @@ from zmqrl.agents.sac.networks import (
 )
 from zmqrl.agents.sac.numpy_policy import ActionBounds, explore_actions
 from zmqrl.agents.staging import BatchStager
-from zmqrl.agents.torch_util import Adam, load_module_params, module_params
+from zmqrl.agents.torch_util import (
+    Adam,
+    clip_gradients,
+    load_module_params,
+    module_params,
+    nonfinite,
+    step_unless,
+)
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
@@ -97,7 +104,7 @@ class SACPolicy:
 class SACAgent(SACPolicy):
     """The learner's side of SAC: critics, their targets, the entropy coefficient and the update."""
 
-    METRICS = ("critic_loss", "actor_loss", "alpha", "alpha_loss", "entropy", "q_mean", "td_abs_mean")
+    METRICS = ("critic_loss", "actor_loss", "alpha", "alpha_loss", "entropy", "q_mean", "td_abs_mean", "skipped")
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
 
     def __init__(self, cfg: SACConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Box,
@@ -163,13 +170,13 @@ class SACAgent(SACPolicy):
         if weights is not None:
             elementwise = elementwise * weights
         critic_loss = elementwise.mean(dim=1).sum()
-        self._step(self.critic_optimizer, critic_loss, self.critics)
+        skipped = self._step(self.critic_optimizer, critic_loss, self.critics)
 
         self.critics.requires_grad_(False)  # the actor's loss moves the actor only
         new_action, log_prob = self.sample(obs)
         q_new = self.critics(obs, new_action).min(dim=0).values
         actor_loss = (alpha * log_prob - q_new).mean()
-        self._step(self.actor_optimizer, actor_loss, self.actor)
+        skipped = self._step(self.actor_optimizer, actor_loss, self.actor, skipped)
         self.critics.requires_grad_(True)
 
         log_prob = log_prob.detach()
@@ -177,7 +184,8 @@ class SACAgent(SACPolicy):
             alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
             self.alpha_optimizer.zero_grad(set_to_none=True)
             alpha_loss.backward()
-            self.alpha_optimizer.step()
+            skipped = torch.maximum(skipped, nonfinite(alpha_loss))
+            self.alpha_optimizer.step_unless(skipped)
             alpha_loss = alpha_loss.detach()
         else:
             alpha_loss = torch.zeros((), device=self.device)
@@ -188,17 +196,24 @@ class SACAgent(SACPolicy):
 
         td_abs = td.detach().abs().mean(dim=0)
         stats = torch.stack([critic_loss.detach(), actor_loss.detach(), alpha, alpha_loss, -log_prob.mean(),
-                             q.detach().mean(), td_abs.mean()]).float()
+                             q.detach().mean(), td_abs.mean(), skipped]).float()
         host = torch.cat([stats, td_abs.float()]).cpu().numpy()
         n = len(self.METRICS)
         return dict(zip(self.METRICS, host[:n].tolist(), strict=True)), host[n:].astype(np.float32)
 
-    def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, module: nn.Module) -> None:
+    def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, module: nn.Module,
+              skip: torch.Tensor | None = None) -> torch.Tensor:
+        """Backward and one step of ``optimizer``, not applied where the loss or the gradients are not
+        finite, or ``skip`` (an earlier part of this update was not applied: none of it is); returns
+        whether it was skipped (a 0-d tensor, see :func:`nonfinite`)."""
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.cfg.max_grad_norm > 0:
-            nn.utils.clip_grad_norm_(module.parameters(), self.cfg.max_grad_norm)
-        optimizer.step()
+        grad_norm = clip_gradients(module, self.cfg.max_grad_norm)
+        skipped = nonfinite(loss, grad_norm)
+        if skip is not None:
+            skipped = torch.maximum(skipped, skip)
+        step_unless(optimizer, skipped)
+        return skipped
 
     @torch.no_grad()
     def update_targets(self) -> None:
