@@ -20,6 +20,7 @@ from .codec import (
     encode_hello,
     encode_model,
     encode_stats,
+    eval_meta,
     meta_depth_ok,
     pack,
     peek,
@@ -57,16 +58,18 @@ from .security import (
 )
 from .sockets import (
     BatchEncoder,
+    BoundedReader,
     SocketOptions,
     SocketSetupError,
     bound_address,
     drain_latest_model,
     make_socket,
     new_incarnation,
+    peer_key,
     recv_message,
     send_frames,
 )
-from .tracking import PeerTable, RateLimitedLog, SequenceTracker, VersionTracker
+from .tracking import KeyBinding, PeerTable, RateLimitedLog, SequenceTracker, VersionTracker
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -74,6 +77,7 @@ __all__ = [
     "BUNDLE",
     "BUNDLE_META_DEPTH",
     "BatchEncoder",
+    "BoundedReader",
     "DEFAULT_COPY_THRESHOLD",
     "DEFAULT_LIMITS",
     "EVAL",
@@ -87,6 +91,7 @@ __all__ = [
     "STATS",
     "SUPPORTED_VERSIONS",
     "ZAP_DOMAIN",
+    "KeyBinding",
     "Limits",
     "Message",
     "PeerTable",
@@ -113,6 +118,7 @@ __all__ = [
     "encode_batch",
     "encode_bundle",
     "encode_eval",
+    "eval_meta",
     "encode_hello",
     "encode_model",
     "encode_stats",
@@ -124,6 +130,7 @@ __all__ = [
     "pack",
     "peek",
     "peek_header",
+    "peer_key",
     "recv_message",
     "send_frames",
     "unbundle",

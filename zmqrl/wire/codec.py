@@ -182,6 +182,11 @@ def _check_array_specs(entries: object, limits: Limits) -> tuple[tuple[Spec, ...
             if type(d) is not int or not 0 <= d <= MAX_INT:  # (bool is not an int here)
                 raise WireError("shape", f"array {name!r}: shape {_short(shape)} must hold ints >= 0")
         nbytes = math.prod(shape) * dtype.itemsize
+        # An empty array may still name absurd other dimensions ([0, 2**62]): numpy refuses to build
+        # it, so the product of the non-zero dimensions must fit the limit too.
+        if nbytes == 0 and math.prod(d for d in shape if d) * dtype.itemsize > limits.max_message_bytes:
+            raise WireError("shape", f"array {name!r}: shape {_short(shape)} names more elements than "
+                                     f"max_message_bytes={limits.max_message_bytes} could hold")
         total += nbytes
         if total > limits.max_message_bytes:
             raise WireError("size", f"payload exceeds max_message_bytes={limits.max_message_bytes}")
@@ -498,6 +503,13 @@ def encode_stats(sender: str, incarnation: str, seq: int, stats: Mapping[str, An
     return encode(STATS, sender=sender, incarnation=incarnation, seq=seq, meta=stats)
 
 
+def eval_meta(version: int, returns: Sequence[float], lengths: Sequence[int],
+              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The meta of an EVAL report: ``{"version", "returns", "lengths"}`` and ``extra``."""
+    return {"version": version, "returns": [float(r) for r in returns], "lengths": [int(n) for n in lengths],
+            **(extra or {})}
+
+
 def encode_eval(
     sender: str,
     incarnation: str,
@@ -505,10 +517,12 @@ def encode_eval(
     version: int,
     returns: Sequence[float],
     lengths: Sequence[int],
+    extra: Mapping[str, Any] | None = None,
 ) -> list[bytes | memoryview]:
-    """An EVAL report: ``meta = {"version", "returns", "lengths"}``."""
-    meta = {"version": version, "returns": [float(r) for r in returns], "lengths": [int(n) for n in lengths]}
-    return encode(EVAL, sender=sender, incarnation=incarnation, seq=seq, version=version, meta=meta)
+    """An EVAL report: meta :func:`eval_meta` (``extra`` as the evaluator fills it: the learner
+    incarnation of the model, the report's MAC)."""
+    return encode(EVAL, sender=sender, incarnation=incarnation, seq=seq, version=version,
+                  meta=eval_meta(version, returns, lengths, extra))
 
 
 # --------------------------------------------------------------------------- bundles (proxy -> learner)

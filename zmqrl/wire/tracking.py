@@ -6,20 +6,25 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, TypeVar
+
+MAX_INCARNATIONS = 4  # incarnations remembered per sender name (a restart, or two processes under one name)
+MAX_SEQ_GAP = 1 << 20  # a jump further ahead than this many batches is refused, not counted as lost
 
 
 @dataclass
 class SenderState:
-    """What a :class:`SequenceTracker` remembers about one sender."""
+    """What a :class:`SequenceTracker` remembers about one sender name."""
 
-    incarnation: str  # "" until the sender's first message
-    last_seq: int
+    incarnation: str  # the incarnation of its latest accepted message ("" until the first)
+    last_seq: int  # that incarnation's last accepted sequence number
     accepted: int = 0
     lost: int = 0  # sequence numbers skipped (messages that never arrived)
     dropped: int = 0  # repeated or older messages rejected
+    jumps: int = 0  # messages refused for a sequence number implausibly far ahead
     incarnations: int = 1  # incarnations seen (restarts + 1)
+    seqs: OrderedDict[str, int] = field(default_factory=OrderedDict)  # incarnation -> last seq, oldest first
 
 
 V = TypeVar("V")
@@ -103,7 +108,8 @@ class SequenceTracker:
 
     def __init__(self, max_senders: int = DEFAULT_MAX_PEERS, idle_s: float = DEFAULT_PEER_IDLE_S) -> None:
         self._senders: PeerTable[SenderState] = PeerTable(lambda: SenderState("", -1), max_senders, idle_s)
-        self._totals = {"accepted": 0, "lost": 0, "dropped": 0, "incarnations": 0, "refused": 0}
+        self._totals = {"accepted": 0, "lost": 0, "dropped": 0, "jumps": 0, "incarnations": 0, "refused": 0}
+        self.last_refusal = ""  # why the last message :meth:`observe` refused was refused
 
     @property
     def max_senders(self) -> int:
@@ -119,30 +125,49 @@ class SequenceTracker:
         return self._senders.refused_names
 
     def observe(self, sender: str, incarnation: str, seq: int) -> tuple[bool, int]:
-        """Record one message; return ``(accept, lost)``.
+        """Record one message; return ``(accept, lost)``. :attr:`last_refusal` says why one was refused.
 
         First message of a sender or of a new incarnation: accepted, lost 0.
         ``seq == last + 1``: accepted.  ``seq > last + 1``: accepted, ``lost`` is
-        the gap.  ``seq <= last``: rejected (repeat or older), lost 0.  A sender
-        refused for lack of room: rejected (counted in ``refused``).
+        the gap.  ``seq <= last``: rejected (``"old"``: a repeat or older), lost 0.
+        ``seq > last + MAX_SEQ_GAP``: rejected (``"jump"``), leaving ``last`` as it was, so one
+        message naming a sender's incarnation cannot push its sequence out of that sender's reach.
+        A sender refused for lack of room: rejected (``"refused"``, counted in ``refused``).
+
+        Each of the last :data:`MAX_INCARNATIONS` incarnations of a name keeps its own sequence:
+        two processes sending under one name (or a restart whose predecessor's last batches are
+        still on their way) do not make each other's messages look new.
         """
+        self.last_refusal = ""
         state = self._senders.admit(sender)
         if state is None:
             self._totals["refused"] += 1
+            self.last_refusal = "refused"
             return False, 0
-        if state.incarnation != incarnation:
+        last = state.seqs.get(incarnation)
+        if last is None:
             if state.incarnation:  # a known sender, restarted
                 state.incarnations += 1
+            state.seqs[incarnation] = seq
+            while len(state.seqs) > MAX_INCARNATIONS:
+                state.seqs.popitem(last=False)
             state.incarnation, state.last_seq = incarnation, seq
             self._totals["incarnations"] += 1
             return self._accept(state, 0)
-        if seq <= state.last_seq:
+        if seq <= last:
             state.dropped += 1
             self._totals["dropped"] += 1
+            self.last_refusal = "old"
             return False, 0
-        lost = seq - state.last_seq - 1
-        state.last_seq = seq
-        return self._accept(state, lost)
+        if seq - last > MAX_SEQ_GAP:
+            state.jumps += 1
+            self._totals["jumps"] += 1
+            self.last_refusal = "jump"
+            return False, 0
+        state.seqs[incarnation] = seq
+        state.seqs.move_to_end(incarnation)
+        state.incarnation, state.last_seq = incarnation, seq
+        return self._accept(state, seq - last - 1)
 
     def _accept(self, state: SenderState, lost: int) -> tuple[bool, int]:
         state.accepted += 1
@@ -244,3 +269,34 @@ class RateLimitedLog:
     def suppressed(self, key: str) -> int:
         """Warnings for ``key`` suppressed since the last emitted one."""
         return self._suppressed.get(key, 0)
+
+
+class KeyBinding:
+    """Which CURVE key may speak for which sender name: the key that first used a name.
+
+    With CurveZMQ a message's ZAP ``User-Id`` is its sender's public key. A relay's key (a
+    proxy's) speaks for every name it forwards; an actor's key for its own. Binding each name to
+    the first key that used it means one admitted key cannot send under another's names (to
+    silence an actor with a forged sequence number, or to take its share of the rate limit).
+    Without CURVE there is no key (None) and every name is allowed. At most ``max_names``
+    names are bound (:class:`PeerTable`: names silent for ``idle_s`` are forgotten first).
+    """
+
+    def __init__(self, max_names: int = DEFAULT_MAX_PEERS, idle_s: float = DEFAULT_PEER_IDLE_S) -> None:
+        self._keys: PeerTable[list[bytes]] = PeerTable(list, max_names, idle_s)
+        self.refused = 0  # messages refused: their name is bound to another key, or no room to bind it
+
+    def allows(self, name: str, key: bytes | None) -> bool:
+        """Whether ``key`` may speak for ``name`` (binding the name to it if it is new)."""
+        if key is None:
+            return True
+        bound = self._keys.admit(name)
+        if bound is None:
+            self.refused += 1
+            return False
+        if not bound:
+            bound.append(key)
+        if bound[0] != key:
+            self.refused += 1
+            return False
+        return True
