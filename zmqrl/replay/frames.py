@@ -50,8 +50,12 @@ class FramePool:
         return self.high * per_slot + 100 * len(self._index)  # a dict entry and its two ints: ~100 B
 
     # ------------------------------------------------------------------ writing
-    def intern(self, frames: np.ndarray) -> np.ndarray:
-        """Store frames ``(N, *frame_shape)`` not already held; return their int32 slots, each +1 ref."""
+    def intern(self, frames: np.ndarray, max_new: int | None = None) -> np.ndarray:
+        """Store frames ``(N, *frame_shape)`` not already held; return their int32 slots, each +1 ref.
+
+        ``max_new``: a ValueError, with nothing stored, when the frames would take more than this many
+        new slots (distinct frames not held yet; a caller's budget against data that does not share).
+        """
         n = frames.shape[0]
         if n == 0:
             return np.zeros(0, dtype=np.int32)
@@ -59,6 +63,12 @@ class FramePool:
         fps = words @ self._mult  # wraps mod 2**64
         uniq, first, inverse = np.unique(fps, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
+        if max_new is not None:
+            get = self._index.get
+            new = sum(1 for fp in uniq.tolist() if get(fp) is None)
+            if new > max_new:
+                raise ValueError(f"{new} distinct new frames for {n} frames, more than the {max_new} allowed "
+                                 "(frames that share nothing with what replay holds)")
         slots = self._lookup_or_store(uniq, frames[first], words[first])[inverse]
         # Equal fingerprints inside the batch: share only frames equal to the group's first.
         differs = ~np.all(words == words[first[inverse]], axis=1)

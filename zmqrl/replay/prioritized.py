@@ -99,7 +99,8 @@ class PrioritizedReplay(UniformReplay):
         """Bytes of item storage plus the priorities' sum tree."""
         return super().nbytes + self._tree.nbytes
 
-    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
+    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+            max_new_frames: int | None = None) -> np.ndarray:
         """Store a batch with max priority, or with the given raw ``priorities``.
 
         NaN or inf among ``priorities`` raises ``ValueError`` and stores nothing.
@@ -111,7 +112,7 @@ class PrioritizedReplay(UniformReplay):
                 self.priorities_rejected += bad
                 raise ValueError(f"priorities must be finite: got {bad} NaN or inf of {prio.size}; batch not stored")
             priorities = prio
-        return super().add(batch, priorities)
+        return super().add(batch, priorities, max_new_frames)
 
     def _on_write(self, indices: np.ndarray, priorities: np.ndarray | None) -> None:
         if priorities is None:

@@ -74,6 +74,8 @@ class UniformReplay:
         self._ptr = 0  # next storage slot to write
         self._size = 0  # number of filled slots
         self._added = 0  # items ever added (including dropped oversize items)
+        self.new_frames = 0  # distinct frames the last add stored anew (0 without a frame pool)
+        self._released = 0
         self._rng = np.random.default_rng(seed)
         if schema is not None:
             self._schema = _parse_schema(schema)
@@ -115,11 +117,14 @@ class UniformReplay:
         return tuple(self._frame_refs)
 
     # ------------------------------------------------------------------ writing
-    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
+    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+            max_new_frames: int | None = None) -> np.ndarray:
         """Store a batch; return the int64 storage indices written.
 
         Only the newest ``capacity`` items of an oversize batch are kept.
-        ``priorities`` is validated for length but otherwise unused here.
+        ``priorities`` is validated for length but otherwise unused here. ``max_new_frames``:
+        with a frame pool, a ValueError (nothing stored) when the batch's image frames would take
+        more new slots than this; :attr:`new_frames` says how many the last ``add`` took.
         """
         arrays, n = self._check_batch(batch)
         prio = None
@@ -133,12 +138,15 @@ class UniformReplay:
         if n > self._capacity:
             arrays = {k: v[n - self._capacity :] for k, v in arrays.items()}
             prio = None if prio is None else prio[n - self._capacity :]
-        self._added += n
         n_keep = min(n, self._capacity)
         indices = (self._ptr + np.arange(n_keep, dtype=np.int64)) % self._capacity
         rows = dict(arrays)
         if self._frame_refs:
-            rows.update(self._intern_frames(arrays, indices))
+            assert self._pool is not None
+            held = len(self._pool)
+            rows.update(self._intern_frames(arrays, indices, max_new_frames))
+            self.new_frames = len(self._pool) - held + self._released
+        self._added += n
         first = min(n_keep, self._capacity - self._ptr)
         for key, arr in rows.items():
             store = self._frame_refs[key] if key in self._frame_refs else self._storage[key]
@@ -152,7 +160,8 @@ class UniformReplay:
     def _on_write(self, indices: np.ndarray, priorities: np.ndarray | None) -> None:
         """Hook for subclasses: called after items are written at ``indices``."""
 
-    def _intern_frames(self, arrays: Mapping[str, np.ndarray], indices: np.ndarray) -> dict[str, np.ndarray]:
+    def _intern_frames(self, arrays: Mapping[str, np.ndarray], indices: np.ndarray,
+                       max_new: int | None = None) -> dict[str, np.ndarray]:
         """Frame slots for the frame keys of a batch about to be written at ``indices``.
 
         New frames are interned before the overwritten items release theirs, so a frame the
@@ -163,10 +172,12 @@ class UniformReplay:
         per_item = self._frame_refs[keys[0]].shape[1]
         n = indices.size
         frames = np.concatenate([arrays[k].reshape(n * per_item, *self._pool.frame_shape) for k in keys])
-        slots = self._pool.intern(frames).reshape(len(keys), n, per_item)
+        slots = self._pool.intern(frames, max_new).reshape(len(keys), n, per_item)
         evicted = indices[indices < self._size]
+        alive = len(self._pool)
         if evicted.size:
             self._pool.release(np.concatenate([self._frame_refs[k][evicted].reshape(-1) for k in keys]))
+        self._released = alive - len(self._pool)
         return {k: slots[i] for i, k in enumerate(keys)}
 
     def _check_batch(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
