@@ -33,6 +33,8 @@ from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
     HELLO,
     MODEL,
+    BoundedReader,
+    KeyBinding,
     Message,
     PeerTable,
     RateLimitedLog,
@@ -49,6 +51,7 @@ from zmqrl.wire import (
     meta_depth_ok,
     new_incarnation,
     peek,
+    peer_key,
     send_frames,
 )
 from zmqrl.wire.monitor import LinkMonitor
@@ -56,6 +59,7 @@ from zmqrl.wire.monitor import LinkMonitor
 log = logging.getLogger("zmqrl")
 
 
+REPORTED_ACTORS = 64  # per-actor counters in a stats report: the most recently active (the rest as a count)
 JOIN_BELOW = DEFAULT_COPY_THRESHOLD  # batches this large go as they came: joining copies, and saves them little
 BUNDLE_BYTES = 1 << 20  # at most this many bytes of batches in one bundle
 
@@ -133,6 +137,8 @@ class Proxy:
         self.per_actor: PeerTable[collections.Counter[str]] = PeerTable(collections.Counter, cfg.net.max_peers,
                                                                          cfg.net.peer_idle_s)
         self.rejected: collections.Counter[str] = collections.Counter()
+        self.keys = KeyBinding(cfg.net.max_peers, cfg.net.peer_idle_s)
+        self.reader = BoundedReader(self.pull, self.limits.max_frames)
         self.forwarded = 0
         self.bundles = 0  # messages to the learner that joined two or more batches
         self.pending: list[_Pending] = []  # batches of this burst not yet sent, all of one layout
@@ -146,14 +152,18 @@ class Proxy:
         self.start = time.monotonic()
         self.ratelog = RateLimitedLog(log, interval=10.0)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, actors: int | None = REPORTED_ACTORS) -> dict[str, Any]:
+        """Counters, with per-actor ones for the ``actors`` most recently active (None: all of them):
+        a report of every actor's would outgrow a message's header with a thousand actors."""
         wall = time.monotonic() - self.start
+        known = self.per_actor.items()  # least recently active first
+        shown = known if actors is None else known[len(known) - actors:] if actors else []
         return {"forwarded": self.forwarded, "bundles": self.bundles, "bursts": self.bursts, "bytes": self.bytes,
                 "bytes_per_s": self.bytes / max(wall, 1e-9),
                 "rejected": dict(self.rejected), "rejected_total": sum(self.rejected.values()),
                 "blocked_s": round(self.blocked_s, 3), "bind": self.bind_addr,
-                "actors": {k: dict(v) for k, v in self.per_actor.items()}, "wall_s": round(wall, 3),
-                "peers_refused": self.sequences.refused,
+                "actors": {k: dict(v) for k, v in shown}, "actors_total": len(known), "wall_s": round(wall, 3),
+                "peers_refused": self.sequences.refused, "refused_keys": self.keys.refused,
                 "auth": auth_counts(self.ctx)}
 
     def _forward(self, frames: list[Any], stop: StopFlag | _Until) -> bool:
@@ -175,6 +185,11 @@ class Proxy:
             self.ratelog.warn(f"bad-{exc.reason}", f"{self.name}: dropped a bad message on {self.bind_addr}: {exc}")
             return
         sender = header["sender"]
+        if not self.keys.allows(sender, peer_key(frames)):
+            self.rejected["key"] += 1
+            self.ratelog.warn("key", f"{self.name}: dropped a batch from {sender}: that name was first used by "
+                                     "another CURVE key")
+            return
         self.hold.seen[sender] += 1
         accept, lost = self.sequences.observe(sender, header["inc"], header["seq"])
         counts = self.per_actor.admit(sender)
@@ -236,7 +251,10 @@ class Proxy:
         return sent
 
     def send_stats(self) -> None:
-        frames = encode_stats(self.name, self.incarnation, self.stats_seq, {"role": "proxy", **self.stats()})
+        try:
+            frames = encode_stats(self.name, self.incarnation, self.stats_seq, {"role": "proxy", **self.stats()})
+        except WireError:  # (long actor names) the report without per-actor counters still fits
+            frames = encode_stats(self.name, self.incarnation, self.stats_seq, {"role": "proxy", **self.stats(0)})
         try:
             send_frames(self.push, frames, flags=zmq.NOBLOCK)
             self.stats_seq += 1
@@ -272,9 +290,8 @@ class Proxy:
                 self.bursts += 1
                 # Drain what is queued before looking at the clock again.
                 for _ in range(1000):
-                    try:
-                        frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
+                    frames = self._read()
+                    if frames is None:
                         break
                     self.handle(frames, stop)
                     if stop.set:
@@ -288,19 +305,28 @@ class Proxy:
             for link in self.links:
                 link.poll()
 
+    def _read(self) -> list[Any] | None:
+        """The next message from actors, or None when none is waiting (one of too many frames is
+        dropped and counted as it is read)."""
+        while True:
+            try:
+                return self.reader.read()
+            except WireError as exc:
+                self.rejected[exc.reason] += 1
+                self.ratelog.warn(f"bad-{exc.reason}", f"{self.name}: dropped a bad message on {self.bind_addr}: {exc}")
+
     def drain(self, seconds: float) -> None:
         """On the way out: forward what actors already sent, for at most ``seconds``."""
         until = _Until(time.monotonic() + seconds)
         while not until.set:
-            try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = self._read()
+            if frames is None:
                 break
             self.handle(frames, until)
         self.flush(until)
 
     def close(self) -> None:
-        write_role_stats(self.run_dir, self.name, {**self.stats(), "links": [link.stats() for link in self.links]})
+        write_role_stats(self.run_dir, self.name, {**self.stats(None), "links": [link.stats() for link in self.links]})
         for link in self.links:
             link.close()
         self.pull.close(linger=0)
