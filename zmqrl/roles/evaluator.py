@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
@@ -20,16 +21,19 @@ from zmqrl.acting import make_task
 from zmqrl.config import Config
 from zmqrl.envs import GreedyEvaluator
 from zmqrl.lifecycle import StopFlag, seed_everything
+from zmqrl.roles.admission import MAC_KEY, TOKEN_ENV, TOKEN_FILE, eval_token, report_mac
 from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
 from zmqrl.wire import (
+    EVAL,
     MODEL,
     Message,
     RateLimitedLog,
     SocketOptions,
     VersionTracker,
     drain_latest_model,
-    encode_eval,
+    encode,
+    eval_meta,
     make_socket,
     new_incarnation,
     send_frames,
@@ -69,6 +73,8 @@ class Evaluator:
         self.finished = ""  # the learner's stop reason once it said the run is over
         self.refused = ""  # why the learner's models do not fit this config: exit 2
         self.ratelog = RateLimitedLog(log, interval=10.0)
+        self.token = eval_token(run_dir)  # read again at each report until found (the learner may write it later)
+        self._warned_token = False
 
     def _due(self, opt_steps: int) -> bool:
         return self.last_opt_steps is None or opt_steps - self.last_opt_steps >= self.cfg.trainer.eval_interval \
@@ -94,8 +100,7 @@ class Evaluator:
         self.last_opt_steps = opt_steps
         self.evaluated += 1
         try:  # never block: with the learner gone, a blocking send would hang shutdown
-            send_frames(self.push, encode_eval("evaluator", self.incarnation, self.seq, msg.version, returns, lengths),
-                        flags=zmq.NOBLOCK)
+            send_frames(self.push, self._report(msg, opt_steps, returns, lengths), flags=zmq.NOBLOCK)
             self.seq += 1
         except zmq.Again:
             self.unsent += 1
@@ -107,6 +112,21 @@ class Evaluator:
             self.best = mean
             self._save_best(params, msg.version, opt_steps, mean)
         return True
+
+    def _report(self, msg: Message, opt_steps: int, returns: list[float], lengths: list[int]) -> list[Any]:
+        """The EVAL message for ``msg``'s model: which learner line and step it came from, signed with the
+        run's evaluation token (:mod:`~zmqrl.roles.admission`) so the learner knows it is this evaluator's."""
+        meta = eval_meta(msg.version, returns, lengths, {"model_inc": msg.incarnation, "opt_steps": opt_steps})
+        if self.token is None:
+            self.token = eval_token(self.run_dir)
+        if self.token is not None:
+            meta[MAC_KEY] = report_mac(self.token, "evaluator", self.incarnation, self.seq, meta)
+        elif not self._warned_token:
+            self._warned_token = True
+            log.warning("evaluator: no evaluation token (%s, or %s in --run-dir): the learner will not count these "
+                        "reports", TOKEN_ENV, TOKEN_FILE)
+        return encode(EVAL, sender="evaluator", incarnation=self.incarnation, seq=self.seq, version=msg.version,
+                      meta=meta)
 
     def _save_best(self, params: dict[str, np.ndarray], version: int, opt_steps: int, mean: float) -> None:
         """``checkpoints/best``, holding the policy (what an evaluator has) as ``policy.npz``:
