@@ -273,10 +273,12 @@ def test_an_actor_makes_its_allowance_per_model_and_then_holds_until_the_next(ri
             made, quota = actor.made, actor.quota
             time.sleep(0.5)  # a window in which no model comes: nothing more is made
             assert actor.made == made and 0 <= made - quota < largest_batch(rig), (grant, made, quota)
-            if held is not None:  # the model came while it held: exactly ``allow`` more than it had then
+            if held is not None:  # the model came while it held: ``allow`` more than the limit before, so what a
+                # last batch made beyond that limit is spent from this one (as the learner counts the actor's credit)
                 assert quota == held + allow, (grant, held, quota)
-            held = made
-            rig.publish(grant + 1, {"pause": False, "allow": allow})  # the next model: the next allowance
+            held = quota
+            rig.publish(grant + 1, {"pause": False, "allow": allow, "grant": grant + 1})  # the next allowance
+            rig.publish(grant + 1, {"pause": False, "allow": allow, "grant": grant + 1})  # sent again: nothing more
         publish_until(rig, thread, lambda: actor.made >= made + 10 * allow, {"pause": False},
                       "the actor did not go on once a model came without an allowance")
     finally:

@@ -39,7 +39,7 @@ from zmqrl.bench.harness import (
 )
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import limits, options, read_json
-from zmqrl.roles.fit import hold_limit
+from zmqrl.roles.fit import Grants, hold_limit
 from zmqrl.wire import (
     BATCH,
     MODEL,
@@ -67,11 +67,13 @@ class Control:
     def __init__(self, tracker: VersionTracker, made: Callable[[], int] = lambda: 0) -> None:
         self.tracker, self.made, self.pause, self.done = tracker, made, False, False
         self.quota: int | None = None
+        self.grants = Grants()
 
     def __call__(self, msg: Message) -> None:
         if msg.incarnation == self.tracker.incarnation or self.tracker.incarnation is None:
             self.pause = msg.meta.get("pause") is True
-            self.quota = hold_limit(msg.meta, self.made())
+            if self.grants.new(msg):
+                self.quota = hold_limit(msg.meta, self.made(), self.quota)
             self.done = self.done or bool(msg.meta.get("done"))
 
     def hold(self) -> bool:

@@ -33,7 +33,7 @@ from zmqrl.acting import ActingLoop, make_task
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
-from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, hold_limit, learner_done, load_if_fits, task_signature
+from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, Grants, hold_limit, learner_done, load_if_fits, task_signature
 from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
     MODEL,
@@ -148,6 +148,7 @@ class Actor:
         self.paused = False
         self.quota: int | None = None  # hold once ``made`` reaches this, until a model lifts or moves it
         self.made = 0  # transitions in finished batches, counted against ``quota``
+        self._grants = Grants()
         self.seq = 0
         self.encoder = BatchEncoder(self.name, self.incarnation, pack_below=DEFAULT_COPY_THRESHOLD)
         self.stats = ActorStats()
@@ -192,7 +193,8 @@ class Actor:
         most that many more transitions until the next model) and ``done`` (the run is over: finish)."""
         if msg.incarnation == self.versions.incarnation or self.versions.incarnation is None:
             self.paused = msg.meta.get("pause") is True
-            self.quota = hold_limit(msg.meta, self.made)
+            if self._grants.new(msg):  # a model sent again grants nothing more
+                self.quota = hold_limit(msg.meta, self.made, self.quota)
         done = learner_done(msg, self.versions)
         if done and not self.finished:
             self.finished = done

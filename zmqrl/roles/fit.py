@@ -89,12 +89,33 @@ def learner_done(msg: Message, versions: VersionTracker) -> str:
     return done if current and isinstance(done, str) else ""
 
 
-def hold_limit(meta: Mapping[str, Any], made: int) -> int | None:
+def hold_limit(meta: Mapping[str, Any], made: int, quota: int | None = None) -> int | None:
     """How many transitions in all an actor that has made ``made`` may reach before it holds, as a
-    model's meta says: ``made`` plus its ``allow`` while the learner trains, its start-up ``quota``
-    while the learner loads torch, else None (no bound)."""
+    model's meta says (apply it once per grant: see the learner's ``grant`` field): while the learner
+    trains, its ``allow`` more than the limit so far (``quota``; ``made`` when none), but never more than
+    two grants ahead of ``made``, exactly the credit the learner keeps for the actor
+    (:class:`~zmqrl.roles.ratelimit.Allowances`); while the learner loads torch, its start-up
+    ``quota``; else None (no bound)."""
     allow = _count(meta.get("allow"))
-    return made + allow if allow is not None else _count(meta.get("quota"))
+    if allow is not None:
+        return made + (allow if quota is None else min(2 * allow, quota - made + allow))
+    return _count(meta.get("quota"))
+
+
+class Grants:
+    """The allowance grants an actor has applied: each model the learner encodes while it trains
+    carries the next ``grant`` number, and a model sent again (to a new subscriber, or every
+    ``net.republish_s``) grants nothing more."""
+
+    def __init__(self) -> None:
+        self.last: tuple[str, Any] = ("", None)
+
+    def new(self, msg: Message) -> bool:
+        """Whether ``msg`` carries a grant not applied yet (or no grant number at all)."""
+        grant = (msg.incarnation, msg.meta.get("grant"))
+        fresh = grant[1] is None or grant != self.last
+        self.last = grant
+        return fresh
 
 
 def _count(value: object) -> int | None:

@@ -71,3 +71,70 @@ class SamplesPerInsert:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inserted = int(state.get("inserted", 0))
         self.pauses = int(state.get("pauses", 0))
+
+
+class Allowances:
+    """The allowance enforced where the data arrives: each sender may insert what the learner granted it.
+
+    Every model the learner encodes while it trains with ``min_samples_per_insert`` grants each
+    actor :meth:`SamplesPerInsert.allowance` more transitions (the model's ``grant`` number tells
+    actors which grants they have seen; re-sends of one model grant nothing). An honest actor makes
+    at most that much per grant it receives and then holds; one that ignores the pause or the
+    allowance would otherwise fill replay with its data and, by pushing the samples-per-insert
+    ratio down, keep every honest actor paused. Here each sender's credit grows by the allowance
+    per grant (up to two grants' worth: a sender that was idle does not save up; a new sender
+    starts with one) and each of its batches spends it; a batch that finds the credit spent is
+    refused. One batch may overdraw the credit (an actor holds only once a whole batch is made).
+
+    A sender refused for overrunning its credit also has its share halved (down to
+    :data:`MIN_SHARE`) for each grant in which it overran, and doubled back for each grant in
+    which it did not: a sender that keeps flooding gets a sliver of an allowance, so what it does
+    insert cannot push the ratio down and pause everyone else. With no allowance in force
+    (warm-up, the limiter off) every batch is taken.
+    """
+
+    MIN_SHARE = 1 / 64
+
+    def __init__(self, max_peers: int, idle_s: float) -> None:
+        from zmqrl.wire import PeerTable
+
+        # per sender: [credit, grant seen, share, last grant it overran in]
+        self._credit: PeerTable[list[float]] = PeerTable(lambda: [0.0, -1, 1.0, -1], max_peers, idle_s)
+        self.amount: int | None = None  # transitions per grant; None: no allowance in force
+        self.grants = 0
+        self.refused_batches = 0
+        self.refused_transitions = 0
+
+    def grant(self, amount: int | None) -> int:
+        """One more grant of ``amount`` transitions to every sender (None: no allowance); its number."""
+        self.amount = amount
+        if amount is not None:
+            self.grants += 1
+        return self.grants
+
+    def take(self, sender: str, n: int) -> bool:
+        """Whether ``sender`` may insert a batch of ``n`` transitions now (spending its credit if so)."""
+        amount = self.amount
+        if amount is None:
+            return True
+        entry = self._credit.admit(sender)
+        if entry is None:  # no room to track it: the sequence check has refused it already
+            return True
+        credit, seen, share, overran = entry
+        new_grants = self.grants - int(seen)
+        if seen < 0:
+            credit = float(amount)
+        elif new_grants > 0:
+            if overran < seen:  # no overrun in the grants since it was last seen: its share comes back
+                share = min(1.0, share * 2.0 ** new_grants)
+            credit = min(2.0 * amount, credit + share * amount * new_grants)
+        entry[1] = self.grants
+        if credit <= 0:
+            if overran < self.grants:
+                share = max(self.MIN_SHARE, share / 2)
+            entry[0], entry[2], entry[3] = credit, share, self.grants
+            self.refused_batches += 1
+            self.refused_transitions += n
+            return False
+        entry[0], entry[2] = credit - n, share
+        return True
