@@ -65,6 +65,9 @@ class Task:
     def batch_spec(self) -> dict[str, ArraySpec]:
         return self.algo.batch_spec(self.cfg, self.obs_space, self.action_space)
 
+    def value_limits(self) -> dict[str, tuple[float, float]]:
+        return self.algo.value_limits(self.cfg, self.obs_space, self.action_space)
+
 
 def make_task(cfg: Config) -> Task:
     """The algorithm ``agent.algo`` names and the env's spaces, checked against each other."""

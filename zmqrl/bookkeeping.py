@@ -37,6 +37,7 @@ log = logging.getLogger("zmqrl")
 STACKING_WRAPPERS = ("atari", "frame_stack")  # wrappers that stack env.frame_stack frames on axis 0
 REPLAY_FILE = "replay.npz"  # in checkpoints/latest with trainer.checkpoint_replay: the replay contents
 FileWriters = Mapping[str, Callable[[Path], None]]  # extra files of a checkpoint: name -> writer(path)
+EVAL_HISTORY = 1000  # evaluations kept in memory, summary.json and state.json (the newest; TensorBoard has all)
 
 
 def _device_of(agent: Any) -> torch.device:
@@ -256,7 +257,8 @@ class Bookkeeper:
         self.start = time.monotonic()
         self.best_eval = -math.inf
         self.last_eval: float | None = None
-        self.evals: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []  # the last EVAL_HISTORY evaluations
+        self.evals_total = 0
         self.solved: dict[str, Any] | None = None
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
         self.recent_lengths: collections.deque[int] = collections.deque(maxlen=100)
@@ -354,6 +356,9 @@ class Bookkeeper:
                  "version": self.version if version is None else version, "return_mean": mean,
                  "return_std": float(np.std(returns)), "episodes": len(returns)}
         self.evals.append(entry)
+        self.evals_total += 1
+        if len(self.evals) > EVAL_HISTORY:
+            del self.evals[:-EVAL_HISTORY]
         self.recorder.scalars(self.opt_steps, {
             "eval/return_mean": mean, "eval/return_std": entry["return_std"],
             "eval/length_mean": float(np.mean(lengths)), "eval/env_steps": float(self.env_steps)})
@@ -384,7 +389,8 @@ class Bookkeeper:
         """Counters and schedules for ``state.json``."""
         return {"env_steps": self.env_steps, "opt_steps": self.opt_steps, "episodes": self.episodes,
                 "version": self.version, "best_eval": self.best_eval if self.evals else None,
-                "elapsed_s": self.wall_s, "evals": self.evals, "recent_returns": list(self.recent_returns),
+                "elapsed_s": self.wall_s, "evals": self.evals,
+                "evals_total": self.evals_total, "recent_returns": list(self.recent_returns),
                 "recent_lengths": list(self.recent_lengths), **self.extra_state()}
 
     def _attached(self) -> Agent:
@@ -458,7 +464,8 @@ class Bookkeeper:
             setattr(self, key, int(state.get(key, 0)))
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
         self.start = time.monotonic()
-        self.evals = list(state.get("evals", []))
+        self.evals = list(state.get("evals", []))[-EVAL_HISTORY:]
+        self.evals_total = int(state.get("evals_total", len(self.evals)))
         if state.get("best_eval") is not None:
             self.best_eval = float(state["best_eval"])
         if self.evals:
@@ -485,6 +492,7 @@ class Bookkeeper:
             "best_eval_return": self.best_eval if self.evals else None,
             "last_eval_return": self.last_eval, "train_return_recent": self.train_return(),
             "solved": self.solved, "stop_reason": self.stop_reason, "evals": self.evals,
+            "evals_total": self.evals_total,
             **(extra or {}),
         }
 

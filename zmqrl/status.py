@@ -33,7 +33,10 @@ _ACTOR = re.compile(r"^actor-(\d+)$")
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A plain finite number a file holds (summary.json carries what peers reported), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and -2**63 <= value <= 2**63:
+        return float(value)  # (NaN fails the comparison; 10**400 never reaches float())
+    return None
 
 
 def _dict(data: dict[str, Any], key: str) -> dict[str, Any]:

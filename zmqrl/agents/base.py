@@ -23,6 +23,7 @@ What an algorithm provides:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -137,6 +138,28 @@ class Algorithm:
         obs: ArraySpec = (np.dtype(obs_space.dtype or np.float32), item_shape(obs_space))
         return {"obs": obs, "action": action, "reward": (np.dtype(np.float32), ()), "next_obs": obs,
                 "discount": (np.dtype(np.float32), ())}
+
+    def value_limits(self, cfg: Config, obs_space: gym.spaces.Space,
+                     action_space: gym.spaces.Space) -> dict[str, tuple[float, float]]:
+        """Bounds every value of a batch field must lie in, checked before a batch reaches replay:
+        a field's values inside ``[lo, hi]`` (NaN never is); ``(-inf, inf)`` means finite. Fields not
+        listed (integer frames, say) are not checked beyond their dtype.
+
+        Floats finite; discrete actions inside the action space, continuous ones inside its box;
+        discounts in [0, 1]: a batch outside them would crash an update or poison the model.
+        """
+        finite = (-math.inf, math.inf)
+        limits = {"reward": finite, "discount": (0.0, 1.0)}
+        if isinstance(action_space, gym.spaces.Discrete):
+            start = int(getattr(action_space, "start", 0))
+            limits["action"] = (float(start), float(start + int(action_space.n) - 1))
+        elif isinstance(action_space, gym.spaces.Box):
+            low, high = float(np.min(action_space.low)), float(np.max(action_space.high))
+            slack = 1e-4 * (high - low) if math.isfinite(high - low) else 0.0
+            limits["action"] = (low - slack, high + slack) if math.isfinite(high - low) else finite
+        if np.dtype(obs_space.dtype or np.float32).kind == "f":
+            limits["obs"] = limits["next_obs"] = finite
+        return limits
 
 
 def check_discrete_spaces(cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,

@@ -25,6 +25,7 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.roles.common import limits
+from zmqrl.roles.peers import meta_problem
 from zmqrl.wire import (
     BATCH,
     BUNDLE,
@@ -33,11 +34,15 @@ from zmqrl.wire import (
     HELLO,
     STATS,
     BatchSpec,
+    BoundedReader,
+    KeyBinding,
     Message,
+    PeerTable,
     RateLimitedLog,
     WireError,
     check_batch_spec,
     decode,
+    peer_key,
     unbundle,
 )
 
@@ -51,16 +56,70 @@ HINTS = {"version": " (the sender runs a zmqrl that speaks another protocol vers
          "schema": " (the sender's config does not match this run's: env.id, env wrappers or agent.algo)"}
 
 
-class Receiver:
-    """Reads, decodes and validates what has arrived on the data and evaluation sockets."""
+class ValueCheck:
+    """Whether a batch's values mean something: every field listed in ``limits`` (the algorithm's
+    :meth:`~zmqrl.agents.base.Algorithm.value_limits`) inside its bounds, NaN and infinities never.
 
-    def __init__(self, data: zmq.Socket, evals: zmq.Socket, cfg: Config, spec: BatchSpec) -> None:
+    Fields whose dtype cannot leave their bounds (uint8 frames, say) are not looked at; a field
+    that need only be finite costs one float64 sum (NaN or an infinity makes it non-finite), a
+    bounded one its minimum and maximum.
+    """
+
+    def __init__(self, spec: BatchSpec, limits: dict[str, tuple[float, float]]) -> None:
+        self.finite: list[str] = []
+        self.bounded: list[tuple[str, float, float]] = []
+        for key, (lo, hi) in limits.items():
+            if key not in spec:
+                continue
+            dtype = np.dtype(spec[key][0])
+            if dtype.kind in "iu" and lo <= np.iinfo(dtype).min and np.iinfo(dtype).max <= hi:
+                continue
+            if dtype.kind == "b" and lo <= 0 and hi >= 1:
+                continue
+            if lo == -np.inf and hi == np.inf:
+                if dtype.kind == "f":
+                    self.finite.append(key)
+            else:
+                self.bounded.append((key, lo, hi))
+
+    def problem(self, arrays: dict[str, np.ndarray]) -> str | None:
+        """What is out of bounds in ``arrays`` (naming the field), or None."""
+        for key in self.finite:
+            a = arrays[key]
+            if a.size and not np.isfinite(np.add.reduce(a, axis=None, dtype=np.float64)):
+                return f"{key} holds a non-finite value"
+        for key, lo, hi in self.bounded:
+            a = arrays[key]
+            if a.size:
+                low, high = a.min(), a.max()
+                if not (lo <= low and high <= hi):
+                    return f"{key} holds values outside [{lo:g}, {hi:g}] (from {low} to {high})"
+        return None
+
+
+class Receiver:
+    """Reads, decodes and validates what has arrived on the data and evaluation sockets.
+
+    A message is checked for form (:mod:`zmqrl.wire`), against the run's batch spec, and for
+    meaning: values inside the algorithm's bounds (:class:`ValueCheck`), meta numbers finite and in
+    range (:func:`~zmqrl.roles.peers.meta_problem`), and under CURVE the sender's name bound to the
+    key that first used it. A bundle's batches are checked together and, where that fails, one by
+    one, so one actor's bad batch never costs the others theirs. Every refusal is counted by reason.
+    """
+
+    def __init__(self, data: zmq.Socket, evals: zmq.Socket, cfg: Config, spec: BatchSpec,
+                 value_limits: dict[str, tuple[float, float]] | None = None) -> None:
         self.data, self.evals = data, evals
         self.spec = spec
         self.data_limits = limits(cfg.net, BATCH, BUNDLE, STATS, HELLO)
         item_bytes = sum(np.dtype(dtype).itemsize * int(np.prod(shape)) for dtype, shape in spec.values())
-        self.copy_data = item_bytes * cfg.actor.n_buffer < COPY_BELOW  # CartPole: 8 us less per batch
+        keyed = cfg.net.security == "curve"  # a frame's User-Id (the sender's key) needs zmq.Frame objects
+        copy_data = item_bytes * cfg.actor.n_buffer < COPY_BELOW and not keyed  # CartPole: 8 us less per batch
         self.eval_limits = limits(cfg.net, EVAL)
+        self.data_reader = BoundedReader(data, self.data_limits.max_frames, copy=copy_data)
+        self.eval_reader = BoundedReader(evals, self.eval_limits.max_frames, copy=not keyed)
+        self.values = ValueCheck(spec, value_limits or {})
+        self.keys = KeyBinding(cfg.net.max_peers, cfg.net.peer_idle_s)
         self.poller = zmq.Poller()
         self.poller.register(data, zmq.POLLIN)
         self.poller.register(evals, zmq.POLLIN)
@@ -74,9 +133,9 @@ class Receiver:
         ready = dict(self.poller.poll(int(timeout * 1000)))
         messages: list[Message] = []
         if self.evals in ready:
-            messages += self._read(self.evals, self.eval_limits, "eval", max_messages)
+            messages += self._read(self.eval_reader, self.eval_limits, "eval", max_messages)
         if self.data in ready:
-            messages += self._read(self.data, self.data_limits, "data", max_messages, self.copy_data)
+            messages += self._read(self.data_reader, self.data_limits, "data", max_messages)
         return messages
 
     def drain(self, seconds: float) -> list[Message]:
@@ -84,24 +143,33 @@ class Receiver:
         messages: list[Message] = []
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            burst = self._read(self.data, self.data_limits, "data", 256, self.copy_data)
+            burst = self._read(self.data_reader, self.data_limits, "data", 256)
             if not burst and not self.data.poll(0, zmq.POLLIN):
                 break
             messages += burst
         return messages
 
-    def _read(self, sock: zmq.Socket, lim: Any, where: str, max_messages: int, copy: bool = False) -> list[Message]:
+    def _read(self, reader: BoundedReader, lim: Any, where: str, max_messages: int) -> list[Message]:
         messages = []
         for _ in range(max_messages):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
-            except zmq.Again:
+                frames = reader.read()
+            except WireError as exc:
+                self.refuse(exc.reason, where, "?", str(exc))
+                continue
+            if frames is None:
                 break
             messages += self._decode(frames, lim, where)
         return messages
 
+    def refuse(self, reason: str, where: str, sender: str, why: str) -> None:
+        """Count a refused message (or batch) under ``reason`` and log it, rate-limited per reason and sender."""
+        self.rejected[reason] += 1
+        self.ratelog.warn(f"bad-{where}-{reason}-{sender}", f"learner: dropped a bad message from {sender} on the "
+                                                            f"{where} socket: {why}{HINTS.get(reason, '')}")
+
     def _decode(self, frames: list[Any], lim: Any, where: str) -> list[Message]:
-        """The message ``frames`` hold (a bundle's batches, taken apart), or none if it is bad."""
+        """The message ``frames`` hold (a bundle's batches, taken apart), less what is refused."""
         sender = "?"
         try:
             msg = decode(frames, lim)
@@ -109,13 +177,29 @@ class Receiver:
             rows = check_batch_spec(msg, self.spec) if msg.kind in (BATCH, BUNDLE) else 0
             parts = unbundle(msg, rows) if msg.kind == BUNDLE else [msg]
         except WireError as exc:
-            self.rejected[exc.reason] += 1
-            self.ratelog.warn(f"bad-{where}-{exc.reason}", f"learner: dropped a bad message from {sender} on the "
-                                                           f"{where} socket: {exc}{HINTS.get(exc.reason, '')}")
+            self.refuse(exc.reason, where, sender, str(exc))
+            return []
+        key = peer_key(frames)
+        if not self.keys.allows(msg.sender, key):
+            self.refuse("key", where, sender, "its name was first used by another CURVE key")
             return []
         self.bundles += msg.kind == BUNDLE
         self.bytes += msg.nbytes
-        return parts
+        if msg.kind not in (BATCH, BUNDLE):
+            return parts
+        whole = self.values.problem(msg.arrays)  # one pass over a bundle; part by part only if it fails
+        kept = []
+        for part in parts:
+            problem = None if whole is None else self.values.problem(part.arrays)
+            if problem is not None:
+                self.refuse("values", where, part.sender, f"batch {part.seq}: {problem}")
+            elif (problem := meta_problem(part.meta)) is not None:
+                self.refuse("meta", where, part.sender, f"batch {part.seq}: meta {problem}")
+            elif part is not msg and not self.keys.allows(part.sender, key):
+                self.refuse("key", where, part.sender, "its name was first used by another CURVE key")
+            else:
+                kept.append(part)
+        return kept
 
 
 def _groups(batches: list[Message]) -> list[list[Message]]:
@@ -134,13 +218,27 @@ def _groups(batches: list[Message]) -> list[list[Message]]:
     return groups
 
 
+FRAMES_PER_ITEM = 2  # new image frames a sender's transitions may take in replay, on average (honest: ~1)
+FRAME_SLACK = 512  # ... plus this many (a sender's first batches bring whole stacks: frame_stack per env)
+
+
 class ReplayWriter:
     """Inserts checked batches into replay, in order, in as few ``add`` calls as it can (each
-    call has a fixed cost several times that of copying a small batch)."""
+    call has a fixed cost several times that of copying a small batch).
 
-    def __init__(self, replay: Any) -> None:
+    Where replay keeps image frames once (a frame pool), each sender's batches go in one by one
+    against a budget of new frames: at most :data:`FRAMES_PER_ITEM` per transition it has sent,
+    plus :data:`FRAME_SLACK`. Consecutive observations share all frames but one, so honest
+    actors use about one per transition; frames that share nothing (random bytes) would take
+    ``2 * frame_stack`` each and multiply replay's memory.
+    """
+
+    def __init__(self, replay: Any, max_peers: int = 1024, idle_s: float = 600.0) -> None:
         self.replay = replay
         self.rejected = 0  # batches replay refused (e.g. bad priorities)
+        self.rejected_frames = 0  # batches refused for bringing more new frames than their sender's budget
+        self.pooled = bool(getattr(replay, "frame_keys", ()))
+        self._frames: PeerTable[list[int]] = PeerTable(lambda: [0, 0], max_peers, idle_s)  # sender: [items, frames]
         self.ratelog = RateLimitedLog(log, interval=10.0)
 
     def insert(self, batches: list[Message]) -> list[Message]:
@@ -148,7 +246,7 @@ class ReplayWriter:
         ``add``; where that fails, each goes in on its own, so only a batch that does not fit is
         rejected."""
         added: list[Message] = []
-        for group in _groups(batches):
+        for group in _groups(batches) if not self.pooled else [[m] for m in batches]:
             if len(group) > 1:
                 arrays = {k: np.concatenate([m.arrays[k] for m in group]) for k in group[0].arrays}
                 counted = getattr(self.replay, "priorities_rejected", None)
@@ -164,11 +262,22 @@ class ReplayWriter:
         """One ``replay.add``; a batch (``sender`` given) that does not fit is counted and logged."""
         arrays = dict(arrays)
         priorities = arrays.pop("priority", None)
+        budget = self._frames.admit(sender) if self.pooled and sender is not None else None
+        n = len(arrays["reward"]) if "reward" in arrays else 0
         try:
-            self.replay.add(arrays, priorities=priorities)
+            if budget is None:
+                self.replay.add(arrays, priorities=priorities)
+            else:
+                allowed = FRAMES_PER_ITEM * (budget[0] + n) + FRAME_SLACK - budget[1]
+                self.replay.add(arrays, priorities=priorities, max_new_frames=max(0, allowed))
+                budget[0] += n
+                budget[1] += self.replay.new_frames
         except (ValueError, IndexError) as exc:
             if sender is not None:
-                self.rejected += 1
+                if "new frames" in str(exc):
+                    self.rejected_frames += 1
+                else:
+                    self.rejected += 1
                 self.ratelog.warn(f"replay-{sender}", f"learner: batch from {sender} does not fit replay: {exc}")
             return False
         return True

@@ -44,11 +44,12 @@ from zmqrl.config import Config
 from zmqrl.core import Agent
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.record import print_run_table
+from zmqrl.roles.admission import EvalAdmission
 from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, read_json
 from zmqrl.roles.fit import task_signature
 from zmqrl.roles.ingest import Receiver, ReplayWriter
 from zmqrl.roles.peers import PeerAccounts, episodes
-from zmqrl.roles.ratelimit import SamplesPerInsert
+from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
 from zmqrl.roles.supervise import restart_counts
 from zmqrl.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE
 from zmqrl.wire import (
@@ -60,6 +61,7 @@ from zmqrl.wire import (
     RateLimitedLog,
     SocketOptions,
     bound_address,
+    decode,
     encode_model,
     make_socket,
     new_incarnation,
@@ -139,8 +141,10 @@ class Learner:
         self.data = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, BATCH, STATS, HELLO),
                                                                                      rcvhwm=64), data_path=True),
                                  bind=bind_data, watch=True)
-        self.evals = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, EVAL))),
-                                 bind=bind_eval)
+        # (no heartbeats: a full queue stops libzmq reading the connection, and heartbeats on such a
+        # connection end in a failed assertion inside libzmq; see roles.common.options)
+        self.evals = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, EVAL)),
+                                                             data_path=True), bind=bind_eval)
         self.pub = make_socket(self.ctx, zmq.XPUB, options(net, SocketOptions.pub()), bind=bind_model,
                                watch=True)
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
@@ -149,9 +153,13 @@ class Learner:
         self._write_endpoints()
         self.links = [LinkMonitor(self.pub, "learner", f"model subscribers on {self.endpoints['model']}"),
                       LinkMonitor(self.data, "learner", f"data peers on {self.endpoints['data']}")]
-        self.receiver = Receiver(self.data, self.evals, cfg, self.spec)
-        self.writer = ReplayWriter(self.replay)
+        self.receiver = Receiver(self.data, self.evals, cfg, self.spec, self.task.value_limits())
+        self.writer = ReplayWriter(self.replay, net.max_peers, net.peer_idle_s)
         self.peers = PeerAccounts(net.max_peers, net.peer_idle_s)
+        self.allowances = Allowances(net.max_peers, net.peer_idle_s)
+        self.admission = EvalAdmission(cfg, self.dir)
+        self.updates_skipped = 0  # optimisation steps not applied: their loss or gradients were not finite
+        self.models_withheld = 0  # models not published: their parameters were not finite
         self.signature = task_signature(self.task)
         self.batches = 0
         self.published = 0
@@ -237,16 +245,29 @@ class Learner:
         cannot let actors run on unbounded before its pause goes out.
         """
         if new_version or refresh or done or self._last_params is None:
-            if new_version:
-                self.book.version += 1
             params = self._initial if self._agent is None and self._initial is not None else self.agent.params()
+            bad = nonfinite_params(params)
+            if bad:
+                self.models_withheld += 1
+                self.ratelog.warn("nonfinite-model", f"learner: not publishing the model of opt step "
+                                                     f"{self.book.opt_steps}: {bad} holds non-finite values "
+                                                     f"({self.models_withheld} withheld so far)")
+                if self._last_params is None:
+                    return
+                params = decode(self._last_params).arrays  # the last good model, with today's control fields
+            if new_version and not bad:
+                self.book.version += 1
             meta: dict[str, Any] = {"opt_steps": self.book.opt_steps, "pause": self.limiter.paused,
                                     "task": self.signature, "zmqrl": __version__}
             allowance = self.limiter.allowance()
             if self._agent is None and self.limiter.min_ratio > 0:
                 meta["quota"] = self.cfg.trainer.warmup
+                self.allowances.grant(None)
             elif allowance is not None:
                 meta["allow"] = allowance
+                meta["grant"] = self.allowances.grant(allowance)
+            else:
+                self.allowances.grant(None)
             if done:
                 meta["done"] = done
             self._last_params = encode_model("learner", self.incarnation, self.book.version, params, meta=meta)
@@ -274,7 +295,14 @@ class Learner:
         batches = []
         for msg in messages:
             if msg.kind == BATCH:
-                if self.peers.in_sequence(msg):
+                if not self.peers.in_sequence(msg):
+                    if self.peers.sequences.last_refusal == "jump":
+                        self.receiver.refuse("seq_jump", "data", msg.sender, f"sequence number {msg.seq} lies "
+                                             f"implausibly far ahead of its last one (refused, not counted as lost)")
+                elif not self.allowances.take(msg.sender, len(msg.arrays["reward"])):
+                    self.receiver.refuse("over_allowance", "data", msg.sender, "it sent more than the learner "
+                                         "allowed it (an actor that ignores the rate limiter's pause)")
+                else:
                     batches.append(msg)
             elif msg.kind == STATS:
                 self.peers.proxy_stats(msg)
@@ -302,6 +330,13 @@ class Learner:
         self.book.add_episodes(returns, lengths)
         return n
 
+    def _skipped_update(self) -> None:
+        """An optimisation step the agent did not apply (its loss or gradients were not finite): counted,
+        logged at most once per interval."""
+        self.updates_skipped += 1
+        self.ratelog.warn("skipped-update", f"learner: optimisation step {self.book.opt_steps + 1} not applied: "
+                                            f"its loss or gradients were not finite ({self.updates_skipped} so far)")
+
     def _first_batch(self, sender: str, n: int) -> None:
         """Note the first batch in replay, in the log and (atomically) in ``RUN_DIR/first_batch.json``."""
         self.first_batch_s = time.monotonic() - self.started
@@ -323,10 +358,15 @@ class Learner:
         log.info("learner: first optimisation step after %.2fs", self.first_update_s)
 
     def _evaluation(self, msg: Message) -> None:
-        returns, lengths = episodes({"episodes": msg.meta})
-        if not returns:
-            self.receiver.rejected["eval_meta"] += 1
+        """Take an evaluation report if it is the admitted evaluator's, for a model this learner published
+        (:mod:`~zmqrl.roles.admission`); refuse and count it otherwise."""
+        refused = self.admission.problem(msg.sender, msg.incarnation, msg.seq, msg.version, msg.meta,
+                                         self.incarnation, self.book.version)
+        if refused is not None:
+            reason, why = refused
+            self.receiver.refuse(reason, "eval", msg.sender, f"evaluation report not counted: {why}")
             return
+        returns, lengths = episodes({"episodes": msg.meta})
         self.book.evaluation(returns, lengths, version=msg.version, save_best=False)
 
     # --- stats --------------------------------------------------------------------------------
@@ -349,7 +389,7 @@ class Learner:
         return values
 
     def rejected_total(self) -> int:
-        return sum(self.receiver.rejected.values()) + self.writer.rejected
+        return sum(self.receiver.rejected.values()) + self.writer.rejected + self.writer.rejected_frames
 
     def summary_extra(self) -> dict[str, Any]:
         peers = self.peers.summary()
@@ -357,13 +397,16 @@ class Learner:
             "role": "learner", "endpoints": self.endpoints, "replay_size": len(self.replay),
             "transitions_inserted": self.limiter.inserted, "samples_per_insert": self.samples_per_insert(),
             "bytes_received": self.receiver.bytes, "models_published": self.published,
+            "models_withheld": self.models_withheld, "updates_skipped": self.updates_skipped,
             "rate_limiter_pauses": self.limiter.pauses, "first_batch_s": self.first_batch_s,
             "first_update_s": self.first_update_s,
             "policy_lag": {**peers.pop("policy_lag"), "updates_per_version": self.cfg.trainer.sync_interval},
             "messages": {"batches_received": self.batches, "bundles_received": self.receiver.bundles,
                          "batches_lost": peers.pop("batches_lost"),
                          "batches_dropped_old": peers.pop("batches_dropped_old"),
-                         "rejected": {**dict(self.receiver.rejected), "replay": self.writer.rejected},
+                         "over_allowance_transitions": self.allowances.refused_transitions,
+                         "rejected": {**dict(self.receiver.rejected), "replay": self.writer.rejected,
+                                      "frames_unshared": self.writer.rejected_frames},
                          "rejected_total": self.rejected_total(), "peers_refused": peers.pop("peers_refused"),
                          "refused_names": peers.pop("refused_names"),
                          "config_mismatches": peers.pop("config_mismatches")},
@@ -418,10 +461,12 @@ class Learner:
                 continue
             if throttled:
                 if self.limiter.allowance() is not None and regrant():
-                    self.publish(new_version=False)  # waiting for data: actors held at their allowance go on
+                    self.publish(new_version=False, refresh=True)  # a new grant: actors held at their allowance go on
                 continue
             batch = self.replay.sample(batch_size)
             metrics, priorities = self.agent.update(batch)
+            if metrics.get("skipped"):
+                self._skipped_update()
             if priorities is not None:
                 self.replay.update_priorities(batch["indices"], priorities)
             self.book.opt_step(metrics, perf=self.perf)
@@ -469,3 +514,13 @@ def run_learner(cfg: Config, run_dir: str | None, bind_data: str, bind_model: st
         learner = Learner(cfg, run_dir, bind_data, bind_model, bind_eval, resume)
         learner.run(stop)
     return 0
+
+
+def nonfinite_params(params: Any) -> str:
+    """The name of the first parameter array holding NaN or an infinity ("" when all are finite)."""
+    for name, value in params.items():
+        array = np.asarray(value)
+        if array.dtype.kind == "f" and not np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)):
+            if not np.isfinite(array).all():
+                return str(name)
+    return ""

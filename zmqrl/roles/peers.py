@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,29 +18,97 @@ from zmqrl.wire import Message, PeerTable, SequenceTracker
 
 LAG_CAP = 100_000  # policy lags above this are counted as this (a sender picks its version freely)
 ACTOR_STATS = ("env_steps", "episodes", "blocked_s", "paused_s", "model_updates", "env_steps_per_s")
+MAX_COUNT = 2**53  # counts, times and rates a peer reports are at most this (exact in a float)
+MAX_EPISODE_LENGTH = 2**31
+MAX_EPISODES = 10_000  # episodes one batch may report
+MAX_RETURN = 1e15  # an episode's return, in absolute value
+STEP_SLACK = 50_000  # env steps an actor may report beyond the transitions it sent (still in its buffers)
+MAX_INCARNATIONS = 4  # incarnations of one name whose env step counters are kept
 
 
-def number(meta: dict[str, Any], key: str, default: float = 0.0) -> float:
-    """``meta[key]`` when it is a plain number, else ``default`` (meta comes from the network)."""
+def number(meta: dict[str, Any], key: str, default: float = 0.0, lo: float = -MAX_COUNT,
+           hi: float = MAX_COUNT) -> float:
+    """``meta[key]`` when it is a plain number in ``[lo, hi]`` (finite), else ``default`` (meta comes
+    from the network: NaN, 1e400 and 10**400 all parse)."""
     value = meta.get(key, default)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    if type(value) is float or type(value) is int:  # (a bool is not a number here)
+        return float(value) if lo <= value <= hi else default  # NaN fails both comparisons
+    return default
 
 
 _NUMBERS = frozenset((int, float))  # meta is parsed JSON: exact types (a bool is not a number here)
 
 
+def _finite(x: Any, lo: float, hi: float) -> bool:
+    return type(x) in _NUMBERS and lo <= x <= hi
+
+
 def episodes(meta: dict[str, Any]) -> tuple[list[float], list[int]]:
-    """Episode returns and lengths carried in a batch's meta, ignoring anything malformed."""
+    """Episode returns and lengths carried in a batch's meta (already checked by :func:`meta_problem`,
+    or an evaluation report's), ignoring anything malformed."""
     ep = meta.get("episodes")
-    if type(ep) is not dict:
+    if _episodes_problem(ep) is not None or ep is None:
         return [], []
+    return [float(r) for r in ep["returns"]], [int(n) for n in ep["lengths"]]
+
+
+def _episodes_problem(ep: Any) -> str | None:
+    """What is wrong with an ``{"returns": [...], "lengths": [...]}`` report, or None."""
+    if ep is None:
+        return None
+    if type(ep) is not dict:
+        return "episodes is not an object"
     returns, lengths = ep.get("returns"), ep.get("lengths")
     if not (type(returns) is list and type(lengths) is list and len(returns) == len(lengths)):
-        return [], []
-    for x in returns + lengths:  # (a loop: half the cost of all() over a generator, on every batch)
-        if type(x) not in _NUMBERS:
-            return [], []
-    return [float(r) for r in returns], [int(n) for n in lengths]
+        return "episodes.returns and episodes.lengths must be lists of one length"
+    if len(returns) > MAX_EPISODES:
+        return f"episodes lists {len(returns)} episodes (at most {MAX_EPISODES})"
+    for r in returns:  # (loops: half the cost of all() over a generator, on every batch)
+        if not _finite(r, -MAX_RETURN, MAX_RETURN):
+            return f"episodes.returns holds {str(r)[:40]}, not a finite number"
+    for n in lengths:
+        if type(n) is not int or not 0 <= n <= MAX_EPISODE_LENGTH:
+            return f"episodes.lengths holds {str(n)[:40]}, not a length"
+    return None
+
+
+def meta_problem(meta: dict[str, Any]) -> str | None:
+    """What is wrong with a batch's meta, for a batch to be refused (None when it is fine).
+
+    Checked for meaning, not only form: every number the learner uses must be finite and in range
+    (an ``int(nan)`` or ``float(10**400)`` would end the learner).
+    """
+    problem = _episodes_problem(meta.get("episodes"))
+    if problem is not None:
+        return problem
+    stats = meta.get("stats")
+    if stats is not None:
+        if type(stats) is not dict:
+            return "stats is not an object"
+        for key in ACTOR_STATS:
+            value = stats.get(key)
+            if value is not None and not _finite(value, 0, MAX_COUNT):
+                return f"stats.{key} is {str(value)[:40]}, not a count in 0..2**53"
+    explore = meta.get("explore")
+    if explore is not None and not _finite(explore, 0, MAX_COUNT):
+        return f"explore is {str(explore)[:40]}, not a finite number >= 0"
+    return None
+
+
+def plain(value: Any, depth: int = 3, max_keys: int = 64, max_chars: int = 256) -> Any:
+    """A peer's report reduced to what is safe to keep and write out: finite numbers within
+    ``2**53``, booleans, strings cut to ``max_chars``, and objects of at most ``max_keys`` such
+    entries, ``depth`` deep; anything else (lists, NaN, 10**400) becomes None."""
+    if type(value) is bool or value is None:
+        return value
+    if type(value) in _NUMBERS:
+        return value if -MAX_COUNT <= value <= MAX_COUNT else None
+    if type(value) is str:
+        return value[:max_chars]
+    if type(value) is dict and depth > 0:
+        return {str(k)[:max_chars]: plain(v, depth - 1, max_keys, max_chars)
+                for k, v in list(value.items())[:max_keys]}
+    return None
 
 
 @dataclass
@@ -54,7 +122,9 @@ class ActorAccount:
     incarnations: int = 0
     lag_sum: int = 0
     incarnation: str = ""
-    incarnation_steps: int = 0  # env steps this incarnation has reported (its counter starts at 0)
+    # per incarnation (the last MAX_INCARNATIONS): [env steps counted, transitions it sent]
+    steps: collections.OrderedDict[str, list[int]] = field(default_factory=collections.OrderedDict)
+    steps_counted: int = 0  # env steps counted for this name over all its incarnations
     env_steps: float = 0.0
     episodes: float = 0.0
     blocked_s: float = 0.0
@@ -91,23 +161,37 @@ class PeerAccounts:
         return accept
 
     def account(self, msg: Message, n: int, version: int, incarnation: str) -> tuple[int, list[float], list[int]]:
-        """Counters of a batch now in replay; returns the env steps it reports as new and its episodes.
+        """Counters of a batch now in replay (its meta checked by :func:`meta_problem`); returns the env
+        steps it reports as new and its episodes.
 
         ``version``/``incarnation`` are the learner's current model version and incarnation: the
-        policy lag is measured only for batches acted by this learner's version line.
+        policy lag is measured only for batches acted by this learner's version line. Each of an
+        actor's incarnations counts its own env steps (a restart starts at 0; two processes under
+        one name do not reset each other's), and never more for the name in all than the
+        transitions it sent plus :data:`STEP_SLACK`: an actor cannot claim steps it never took.
         """
         actor = self.actors.admit(msg.sender)
         if actor is None:  # forgotten since its sequence check (idle) and no room now
             return 0, [], []
         meta = msg.meta
-        if actor.incarnation != msg.incarnation:
-            actor.incarnation, actor.incarnation_steps = msg.incarnation, 0
+        counter = actor.steps.get(msg.incarnation)
+        if counter is None:
+            counter = actor.steps[msg.incarnation] = [0, 0]
+            while len(actor.steps) > MAX_INCARNATIONS:
+                actor.steps.popitem(last=False)
             actor.incarnations += 1
+        else:
+            actor.steps.move_to_end(msg.incarnation)
+        actor.incarnation = msg.incarnation
         raw = meta.get("stats")
         stats: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        steps = int(number(stats, "env_steps"))
-        new_steps = max(0, steps - actor.incarnation_steps)
-        actor.incarnation_steps = max(steps, actor.incarnation_steps)
+        counter[1] += n
+        actor.transitions += n
+        reported = int(number(stats, "env_steps", lo=0))
+        new_steps = min(max(0, reported - counter[0]), actor.transitions + STEP_SLACK - actor.steps_counted)
+        new_steps = max(0, new_steps)
+        counter[0] += new_steps
+        actor.steps_counted += new_steps
         if meta.get("model_inc") == incarnation and 0 <= msg.version <= version:
             lag = min(version - msg.version, LAG_CAP)
             self.lags.append(lag)
@@ -116,7 +200,6 @@ class PeerAccounts:
         else:
             self.other_line_batches += 1
         actor.batches += 1
-        actor.transitions += n
         for key in ACTOR_STATS:
             if key in stats:
                 setattr(actor, key, number(stats, key))
@@ -127,10 +210,11 @@ class PeerAccounts:
         return new_steps, *episodes(meta)
 
     def proxy_stats(self, msg: Message) -> None:
+        """Keep a proxy's report, reduced to plain, bounded values (:func:`plain`)."""
         table = self.proxies.admit(msg.sender)
         if table is not None:
             table.clear()
-            table.update(msg.meta)
+            table.update(plain(msg.meta))
             table["incarnation"] = msg.incarnation
 
     def mismatch(self, msg: Message) -> str | None:
@@ -167,6 +251,9 @@ class PeerAccounts:
         out = {}
         for name, a in self.actors.items():
             entry = dict(vars(a))  # its fields are plain values: asdict's deep copy cost 5 ms per summary at 256 actors
+            del entry["steps"]
+            # an incarnation id lets whoever knows it speak for the actor (without CURVE): shown in part
+            entry["incarnation"] = a.incarnation[:8]
             entry["lag_mean"] = a.lag_sum / max(a.batches, 1)
             entry["last_seen"] = time.time() - (self.actors.last_seen_s(name) or 0.0)
             out[name] = entry
