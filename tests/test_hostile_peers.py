@@ -1,0 +1,520 @@
+"""One peer's message never crashes, corrupts or ends a run: meaning checked as well as form.
+
+Every test sends the real message, with zmqrl's own encoder or its header written by hand where the
+encoder would not make it, to a real learner or proxy (a process, or in this process with its real
+sockets), and asserts on what the run did: alive, what it counted and refused, what reached replay
+and the model, what it kept in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from procs import Procs, read_json, wait_for
+from zmqrl.acting import make_task
+from zmqrl.bookkeeping import EVAL_HISTORY, Bookkeeper, make_replay_from
+from zmqrl.config import Config
+from zmqrl.replay import make_replay
+from zmqrl.roles.admission import MAC_KEY, TOKEN_FILE, report_mac
+from zmqrl.roles.common import free_port
+from zmqrl.roles.ingest import FRAME_SLACK, FRAMES_PER_ITEM, ReplayWriter
+from zmqrl.roles.learner import Learner
+from zmqrl.roles.peers import STEP_SLACK
+from zmqrl.wire import (
+    BATCH,
+    EVAL,
+    HELLO,
+    MODEL,
+    STATS,
+    Message,
+    SequenceTracker,
+    decode,
+    encode,
+    eval_meta,
+    keygen,
+)
+from zmqrl.wire.tracking import MAX_SEQ_GAP
+
+pytestmark = pytest.mark.timeout(240)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tcp(port: int | None = None) -> str:
+    return f"tcp://127.0.0.1:{port or free_port()}"
+
+
+def cartpole_batch(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"obs": rng.standard_normal((n, 4)).astype(np.float32), "action": rng.integers(0, 2, n),
+            "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
+            "discount": np.full(n, 0.97, np.float32)}
+
+
+def batch_frames(sender: str, seq: int, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None,
+                 inc: str = "inc-1") -> list[Any]:
+    return encode(BATCH, sender=sender, incarnation=inc, seq=seq, version=0, arrays=arrays,
+                  meta=meta if meta is not None else {"stats": {"env_steps": 64 * (seq + 1)}})
+
+
+def with_header(frames: list[Any], **changes: Any) -> list[Any]:
+    """``frames`` with their JSON header edited: what a peer that does not use zmqrl's encoder can send."""
+    header = json.loads(bytes(frames[0]))
+    for key, value in changes.items():
+        if key == "meta":
+            header["meta"].update(value)
+        else:
+            header[key] = value
+    return [json.dumps(header).encode(), *frames[1:]]
+
+
+def push_to(ctx: zmq.Context, address: str, hwm: int = 1000) -> zmq.Socket:
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.connect(address)
+    return sock
+
+
+def summary_of(run_dir: Path) -> dict[str, Any]:
+    return read_json(run_dir / "summary.json") or {}
+
+
+def rejected(run_dir: Path) -> dict[str, int]:
+    return summary_of(run_dir).get("messages", {}).get("rejected", {})
+
+
+class LearnerProcess:
+    """A ``zmqrl learner`` process on CartPole with random ports; its run directory and addresses."""
+
+    def __init__(self, procs: Procs, run_dir: Path, *sets: str) -> None:
+        self.run_dir = run_dir
+        self.ports = {k: free_port() for k in ("data", "model", "eval")}
+        self.proc = procs.role("learner", "learner", "--run-dir", str(run_dir), "--bind-data", tcp(self.ports["data"]),
+                               "--bind-model", tcp(self.ports["model"]), "--bind-eval", tcp(self.ports["eval"]),
+                               overrides=["run.seed=3", "run.log_level=info", "trainer.stop_return=null",
+                                          "trainer.max_opts=100000000", "net.stats_interval_s=0.5", *sets])
+        self.procs = procs
+        wait_for(lambda: "sockets bound" in self.proc.text() or "learner: ready" in self.proc.text(), 90,
+                 "the learner to bind its sockets", procs.describe)
+
+    def addr(self, name: str) -> str:
+        return tcp(self.ports[name])
+
+    def alive(self) -> bool:
+        return self.proc.alive()
+
+    def wait_summary(self, predicate: Any, what: str, timeout: float = 60) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            assert self.proc.alive(), f"the learner died\n{self.procs.describe()}"
+            summary = summary_of(self.run_dir)
+            return summary if summary and predicate(summary) else None
+
+        return wait_for(check, timeout, what, self.procs.describe)
+
+    def latest_model(self, ctx: zmq.Context, timeout: float = 30) -> Message:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self.addr("model"))
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                assert time.monotonic() < deadline, "no model from the learner"
+                if sub.poll(200):
+                    msg = decode(sub.recv_multipart())
+                    if msg.kind == MODEL:
+                        return msg
+        finally:
+            sub.close()
+
+    def stop(self) -> int:
+        self.proc.signal(signal.SIGTERM)
+        rc = self.proc.wait(60)
+        assert rc is not None, self.procs.describe()
+        return rc
+
+
+# ------------------------------------------------------------------------- numbers, shapes and values
+
+
+@pytest.mark.slow
+def test_bad_numbers_shapes_and_values_are_refused_and_the_learner_trains_on_what_is_left(
+        tmp_path: Path, procs: Procs, zctx: zmq.Context) -> None:
+    """Each of these ended the learner or poisoned its model: NaN / 10**400 in a batch's meta, a
+    proxy's report of 10**400, an array of shape [0, 2**62], an action outside the action space,
+    NaN rewards and observations. All are refused by reason; honest batches train a finite model."""
+    learner = LearnerProcess(procs, tmp_path / "run", "trainer.warmup=256", "trainer.min_samples_per_insert=0")
+    push = push_to(zctx, learner.addr("data"))
+    good = cartpole_batch(64, 0)
+    hostile: list[tuple[str, list[Any]]] = [
+        ("meta", with_header(batch_frames("rogue-a", 0, good), meta={"stats": {"env_steps": float("nan")}})),
+        ("meta", with_header(batch_frames("rogue-b", 0, good), meta={"explore": 10**400})),
+        ("meta", with_header(batch_frames("rogue-c", 0, good),
+                             meta={"episodes": {"returns": [1.0], "lengths": [float("nan")]}})),
+        ("meta", with_header(batch_frames("rogue-d", 0, good),
+                             meta={"episodes": {"returns": [10**400], "lengths": [3]}})),
+        ("values", batch_frames("rogue-e", 0, {**good, "action": np.full(64, 7)})),
+        ("values", batch_frames("rogue-f", 0, {**good, "reward": np.full(64, np.nan, np.float32)})),
+        ("values", batch_frames("rogue-g", 0, {**good, "obs": np.full((64, 4), np.inf, np.float32)})),
+        ("values", batch_frames("rogue-h", 0, {**good, "discount": np.full(64, 5.0, np.float32)})),
+    ]
+    zero = batch_frames("rogue-z", 0, good)
+    header = json.loads(bytes(zero[0]))
+    header["arrays"].append(["junk", "<f4", [0, 2**62]])
+    hostile.append(("shape", [json.dumps(header).encode(), *zero[1:], b""]))
+    stats = encode(STATS, sender="proxy-x", incarnation="p", seq=0, meta={"forwarded": 10**400, "bytes_per_s": 1e400})
+    for _, frames in hostile:
+        push.send_multipart(frames)
+    push.send_multipart(stats)
+    for seq in range(8):
+        push.send_multipart(batch_frames("actor-0", seq, cartpole_batch(64, seq + 1)))
+    summary = learner.wait_summary(lambda s: s["messages"]["batches_received"] >= 8 and s["opt_steps"] > 50,
+                                   "the honest batches in replay and training")
+    counts = summary["messages"]["rejected"]
+    expected = {"meta": 4, "values": 4, "shape": 1}
+    assert {k: counts.get(k, 0) for k in expected} == expected, counts
+    assert summary["messages"]["batches_received"] == 8 and summary["replay_size"] == 8 * 64
+    assert set(summary["actors"]) == {"actor-0"}, summary["actors"]
+    proxy = summary["proxies"]["proxy-x"]
+    assert proxy["forwarded"] is None and proxy["bytes_per_s"] is None  # kept as "not a number", not 10**400
+    model = learner.latest_model(zctx)
+    assert model.version > 0 and all(np.isfinite(a).all() for a in model.arrays.values())
+    status = subprocess.run([sys.executable, "-m", "zmqrl.cli", "status", str(learner.run_dir)], capture_output=True,
+                            text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert learner.stop() == 0
+    push.close()
+
+
+# ------------------------------------------------------------------------- evaluation reports
+
+
+def signed_report(token: bytes, seq: int, version: int, learner_inc: str, returns: list[float],
+                  lengths: list[int], inc: str = "ev-1") -> list[Any]:
+    meta = eval_meta(version, returns, lengths, {"model_inc": learner_inc, "opt_steps": 0})
+    meta[MAC_KEY] = report_mac(token, "evaluator", inc, seq, meta)
+    return encode(EVAL, sender="evaluator", incarnation=inc, seq=seq, version=version, meta=meta)
+
+
+@pytest.mark.slow
+def test_a_forged_evaluation_cannot_end_the_run_and_the_admitted_evaluators_counts_once(
+        tmp_path: Path, procs: Procs, zctx: zmq.Context) -> None:
+    """Returns of 500 sent to the evaluation port ended a run at 0 optimisation steps. Only a report
+    signed with the run's token, for a version this learner published, with plausible episodes, counts."""
+    learner = LearnerProcess(procs, tmp_path / "run", "trainer.stop_return=475", "trainer.eval_episodes=2",
+                             "trainer.warmup=100000")
+    push = push_to(zctx, learner.addr("eval"))
+    model = learner.latest_model(zctx)
+    forged = encode(EVAL, sender="evaluator", incarnation="x", seq=0, version=model.version,
+                    meta=eval_meta(model.version, [500.0, 500.0], [500, 500], {"model_inc": model.incarnation}))
+    push.send_multipart(forged)
+    token = (learner.run_dir / TOKEN_FILE).read_bytes().strip()
+    wrong_token = signed_report(b"not the token", 0, model.version, model.incarnation, [500.0] * 2, [500] * 2)
+    unpublished = signed_report(token, 1, model.version + 5, model.incarnation, [500.0] * 2, [500] * 2)
+    other_learner = signed_report(token, 2, model.version, "another-learner", [500.0] * 2, [500] * 2)
+    too_long = signed_report(token, 3, model.version, model.incarnation, [501.0] * 2, [501] * 2)
+    altered = with_header(signed_report(token, 4, model.version, model.incarnation, [1.0] * 2, [9] * 2),
+                          meta={"returns": [500.0, 500.0]})
+    for frames in (wrong_token, unpublished, other_learner, too_long, altered):
+        push.send_multipart(frames)
+    summary = learner.wait_summary(lambda s: sum(s["messages"]["rejected"].values()) >= 6,
+                                   "the learner to refuse six reports")
+    assert summary["stop_reason"] == "" and summary["evals_total"] == 0, summary
+    counts = summary["messages"]["rejected"]
+    assert (counts.get("eval_token"), counts.get("eval_version"), counts.get("eval_episodes")) == (3, 2, 1), counts
+    # the positive control: the evaluator's own report counts once, and ends the run as it should
+    honest = signed_report(token, 5, model.version, model.incarnation, [480.0, 490.0], [480, 490])
+    push.send_multipart(honest)
+    push.send_multipart(honest)  # the same report again: refused (that version was evaluated)
+    wait_for(lambda: not learner.alive(), 60, "the learner to stop at stop_return", procs.describe)
+    assert learner.proc.returncode == 0
+    summary = summary_of(learner.run_dir)
+    assert summary["evals_total"] == 1 and summary["stop_reason"] == "evaluation reached stop_return=475.0"
+    push.close()
+
+
+def test_evaluations_kept_are_bounded_and_counted(tmp_path: Path, cartpole_cfg: Any) -> None:
+    book = Bookkeeper(cartpole_cfg("run.log_level=warning"), tmp_path, None)
+    for i in range(EVAL_HISTORY + 500):
+        book.evaluation([float(i)], [10], version=i, save_best=False)
+    summary = book.summary()
+    assert len(summary["evals"]) == EVAL_HISTORY and summary["evals_total"] == EVAL_HISTORY + 500
+    assert summary["evals"][-1]["return_mean"] == EVAL_HISTORY + 499 and len(book.state()["evals"]) == EVAL_HISTORY
+    book.recorder.close()
+
+
+# ------------------------------------------------------------------------- the proxy's own report
+
+
+@pytest.mark.slow
+def test_the_proxy_reports_a_thousand_actors_without_outgrowing_a_header(tmp_path: Path, procs: Procs,
+                                                                           zctx: zmq.Context) -> None:
+    """300 HELLOs with distinct 250-character names made the proxy's report exceed the 64 KiB header
+    limit, and the proxy exited 1."""
+    learner = zctx.socket(zmq.PULL)
+    learner.setsockopt(zmq.LINGER, 0)
+    learner_port = learner.bind_to_random_port("tcp://127.0.0.1")
+    proxy_port = free_port()
+    proxy = procs.role("proxy", "proxy", "--bind", tcp(proxy_port), "--learner", tcp(learner_port),
+                       overrides=["net.stats_interval_s=0.3"])
+    push = push_to(zctx, tcp(proxy_port))
+    for k in range(300):
+        push.send_multipart(encode(HELLO, sender=f"{k:03d}" + "x" * 247, incarnation="i", seq=0, meta={}))
+    received: list[Message] = []
+
+    def report_after_hellos() -> Message | None:
+        assert proxy.alive(), procs.describe()
+        while learner.poll(100):
+            msg = decode(learner.recv_multipart())
+            received.append(msg)
+            if msg.kind == STATS and msg.meta.get("actors_total", 0) >= 300:
+                return msg
+        return None
+
+    report = wait_for(report_after_hellos, 60, "a proxy report counting 300 actors", procs.describe)
+    assert len(report.meta["actors"]) <= 64 and sum(m.kind == HELLO for m in received) == 300
+    assert proxy.alive()
+    proxy.signal(signal.SIGTERM)
+    assert proxy.wait(30) == 0, procs.describe()
+    stats = read_json(tmp_path / "roles" / "proxy.json") if (tmp_path / "roles").exists() else None
+    assert stats is None or stats["actors_total"] == 300
+    push.close()
+
+
+# ------------------------------------------------------------------------- memory
+
+
+def in_process_learner(cfg: Config, run_dir: Path) -> Learner:
+    learner = Learner(cfg, run_dir, tcp(), tcp(), tcp())
+    learner.agent_ready(block=True)
+    return learner
+
+
+def ingest_until(learner: Learner, cond: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting for the learner to take the messages in"
+        learner.ingest(timeout=0.05)
+
+
+def test_a_message_of_a_million_frames_costs_the_learner_no_memory_of_its_own(
+        tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context) -> None:
+    """recv_multipart built one object per frame before any check (4M frames: +460 MB)."""
+    learner = in_process_learner(cartpole_cfg("run.log_level=warning"), tmp_path / "run")
+    push = push_to(zctx, learner.endpoints["data"])
+    try:
+        push.send_multipart([b"ab"] * 1_000_000)
+        push.send_multipart(batch_frames("actor-0", 0, cartpole_batch(64, 0)))
+        while not learner.data.poll(100):
+            pass
+        tracemalloc.start()
+        try:
+            ingest_until(learner, lambda: learner.batches == 1)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert learner.receiver.rejected["frames"] == 1 and len(learner.replay) == 64
+        assert peak < 5 * 2**20, f"{peak / 2**20:.1f} MB of Python objects while reading it"
+    finally:
+        push.close(linger=0)
+        learner.close()
+
+
+def stacked(frames: np.ndarray, t: np.ndarray, stack: int) -> np.ndarray:
+    """Stacks of ``stack`` consecutive frames ending at each index of ``t``."""
+    return np.stack([frames[t - stack + 1 + k] for k in range(stack)], axis=1)
+
+
+def test_frames_that_share_nothing_are_refused_beyond_their_senders_budget() -> None:
+    """Random image frames took 8.3 frames per item in the frame pool instead of 1.1."""
+    stack, n = 4, 32
+    spec = {"obs": (np.dtype(np.uint8), (stack, 12, 12)), "action": (np.dtype(np.int64), ()),
+            "reward": (np.dtype(np.float32), ()), "next_obs": (np.dtype(np.uint8), (stack, 12, 12)),
+            "discount": (np.dtype(np.float32), ())}
+    replay = make_replay(5000, True, 0.6, 0.4, 1000, 1e-6, seed=0, frame_stack=stack, schema=spec)
+    writer = ReplayWriter(replay)
+    rng = np.random.default_rng(0)
+    video = rng.integers(0, 255, (3000, 12, 12), dtype=np.uint8)  # one honest actor's frames, in order
+    common = {"action": np.zeros(n, np.int64), "reward": np.zeros(n, np.float32),
+              "discount": np.full(n, 0.99, np.float32)}
+    honest_in = rogue_in = rogue_refused = 0
+    for b in range(60):
+        t = np.arange(stack + b * n, stack + (b + 1) * n)
+        honest = Message(BATCH, "actor-0", "i", b, 0, {"obs": stacked(video, t - 1, stack),
+                                                       "next_obs": stacked(video, t, stack), **common})
+        noise = rng.integers(0, 255, (2, n, stack, 12, 12), dtype=np.uint8)
+        rogue = Message(BATCH, "rogue", "r", b, 0, {"obs": noise[0], "next_obs": noise[1], **common})
+        for msg in (honest, rogue):
+            went = writer.insert([msg])
+            if msg is honest:
+                honest_in += len(went)
+            else:
+                rogue_in += len(went)
+                rogue_refused += not went
+    assert honest_in == 60 and rogue_refused > 40 and writer.rejected_frames == rogue_refused
+    # each rogue batch of 32 brings 256 new frames: only its budget's worth went in
+    assert rogue_in * 2 * stack * n <= FRAMES_PER_ITEM * rogue_in * n + FRAME_SLACK + 2 * stack * n
+    frames_per_item = len(replay._pool) / len(replay)
+    assert frames_per_item < 2.0, frames_per_item
+
+
+# ------------------------------------------------------------------------- who speaks for whom
+
+
+def test_a_sequence_jump_is_refused_and_two_incarnations_keep_their_own_sequences() -> None:
+    tr = SequenceTracker()
+    assert tr.observe("a", "i1", 0) == (True, 0)
+    assert tr.observe("a", "i1", 2**63 - 1) == (False, 0) and tr.last_refusal == "jump"
+    assert tr.observe("a", "i1", 1) == (True, 0)  # the real sender goes on
+    assert tr.observe("a", "i1", 1 + MAX_SEQ_GAP) == (True, MAX_SEQ_GAP - 1)  # a large real loss still counts
+    assert tr.observe("a", "i2", 0) == (True, 0)
+    assert tr.observe("a", "i1", 2 + MAX_SEQ_GAP) == (True, 0)  # i2 did not reset i1's sequence
+    assert tr.observe("a", "i2", 0) == (False, 0) and tr.last_refusal == "old"
+
+
+def test_interleaved_incarnations_of_one_name_count_no_more_env_steps_than_were_sent(
+        tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context) -> None:
+    """Two interleaved incarnations of one name counted env steps 5.5 times over."""
+    learner = in_process_learner(cartpole_cfg("run.log_level=warning", "trainer.warmup=100000"), tmp_path / "run")
+    push = push_to(zctx, learner.endpoints["data"])
+    try:
+        for seq in range(40):
+            for inc, claimed in (("real", 64 * (seq + 1)), ("ghost", 10**9)):
+                push.send_multipart(batch_frames("actor-0", seq, cartpole_batch(64, seq),
+                                                 {"stats": {"env_steps": claimed}}, inc=inc))
+        ingest_until(learner, lambda: learner.batches == 80)
+        assert learner.book.env_steps <= 80 * 64 + STEP_SLACK
+        assert learner.book.env_steps >= 40 * 64  # the real incarnation's steps all count
+    finally:
+        push.close(linger=0)
+        learner.close()
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="this libzmq has no CURVE support")
+def test_under_curve_one_admitted_key_cannot_speak_for_another_keys_actor(tmp_path: Path, cartpole_cfg: Any) -> None:
+    keys = tmp_path / "keys"
+    keygen(keys, "server")
+    keygen(keys, "host-a", allow=True)
+    keygen(keys, "host-b", allow=True)
+    sets = ("run.log_level=warning", "trainer.warmup=100000", "net.security=curve", f"net.keys_dir={keys}")
+    learner = in_process_learner(cartpole_cfg(*sets), tmp_path / "run")
+    contexts = []
+    try:
+        from zmqrl.roles.common import new_context, options
+        from zmqrl.wire import SocketOptions, make_socket
+
+        def sender(key: str) -> zmq.Socket:
+            net = cartpole_cfg(*sets, f"net.client_key={key}").net
+            ctx = new_context(net)
+            contexts.append(ctx)
+            return make_socket(ctx, zmq.PUSH, options(net, SocketOptions.push()), connect=learner.endpoints["data"])
+
+        a, b = sender("host-a"), sender("host-b")
+        a.send_multipart(batch_frames("actor-0", 0, cartpole_batch(64, 0)))
+        ingest_until(learner, lambda: learner.batches == 1)
+        b.send_multipart(batch_frames("actor-0", 2**62, cartpole_batch(64, 1), inc="inc-1"))  # to silence it
+        b.send_multipart(batch_frames("actor-0", 0, cartpole_batch(64, 2), inc="inc-2"))
+        b.send_multipart(batch_frames("actor-9", 0, cartpole_batch(64, 3)))  # its own name: fine
+        ingest_until(learner, lambda: learner.batches == 2 and learner.receiver.rejected["key"] == 2)
+        a.send_multipart(batch_frames("actor-0", 1, cartpole_batch(64, 4)))
+        ingest_until(learner, lambda: learner.batches == 3)
+        assert learner.peers.actors.get("actor-0").batches == 2  # type: ignore[union-attr]
+        for sock in (a, b):
+            sock.close(linger=0)
+    finally:
+        learner.close()
+        for ctx in contexts:
+            ctx.term()
+
+
+# ------------------------------------------------------------------------- the rate limit
+
+
+@pytest.mark.slow
+def test_an_actor_that_ignores_pauses_gets_no_more_than_its_allowance(tmp_path: Path, procs: Procs,
+                                                                       zctx: zmq.Context) -> None:
+    """A rogue that ignored the rate limiter's pause inserted 7.2M transitions in 30 s while the honest
+    actor, paused, made 1,024. Beyond its allowance the rogue's batches are refused."""
+    sets = ["trainer.warmup=500", "trainer.min_samples_per_insert=8", "actor.num_actors=1", "run.seed=3"]
+    learner = LearnerProcess(procs, tmp_path / "run", *sets)
+    procs.role("actor-0", "actor", "--id", "0", "--proxy", learner.addr("data"), "--learner", learner.addr("model"),
+               overrides=sets)
+    learner.wait_summary(lambda s: s["opt_steps"] > 200, "the learner to train on the honest actor", 90)
+    push = push_to(zctx, learner.addr("data"), hwm=64)
+    before = summary_of(learner.run_dir)["actors"]["actor-0"]["transitions"]
+    deadline, seq = time.monotonic() + 20, 0
+    while time.monotonic() < deadline:
+        try:
+            push.send_multipart(batch_frames("rogue", seq, cartpole_batch(64, seq)), zmq.NOBLOCK)
+            seq += 1
+        except zmq.Again:
+            push.poll(10, zmq.POLLOUT)
+    summary = learner.wait_summary(lambda s: s["messages"]["over_allowance_transitions"] > 0,
+                                   "the learner to refuse the rogue's batches")
+    rogue = summary["actors"]["rogue"]["transitions"]
+    honest = summary["actors"]["actor-0"]["transitions"] - before
+    assert seq * 64 > 20 * rogue, (seq, rogue)  # sent far more than it got in
+    assert honest > 0 and rogue <= 3 * honest + 10 * 64, (rogue, honest)
+    assert summary["samples_per_insert"] >= 4.0, summary["samples_per_insert"]
+    assert learner.stop() == 0
+    push.close()
+
+
+# ------------------------------------------------------------------------- updates that would poison the model
+
+
+def finite_params(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("config, sets", [
+    ("cartpole_dqn.yaml", ()),
+    ("cartpole_dqn.yaml", ("agent.dueling=false",)),
+    ("cartpole_iqn.yaml", ()),
+    ("pendulum_sac.yaml", ()),
+])
+def test_an_update_with_a_non_finite_loss_is_not_applied(config: str, sets: tuple[str, ...]) -> None:
+    """One NaN reward made model version 1 all-NaN, and the learner published NaN models for thousands
+    of versions. The update reports itself skipped and leaves parameters and optimiser state as they were."""
+    from zmqrl import config as config_mod
+
+    cfg = config_mod.load(REPO / "configs" / config, list(sets))
+    task = make_task(cfg)
+    agent = task.agent(seed=0)
+    replay = make_replay_from(cfg, task.batch_spec())
+    rng = np.random.default_rng(0)
+    spec = task.batch_spec()
+    n = cfg.agent.batch_size
+    batch = {k: rng.standard_normal((n, *shape)).astype(dtype) if dtype.kind == "f" else
+             rng.integers(0, 2, (n, *shape)).astype(dtype) for k, (dtype, shape) in spec.items()}
+    batch["discount"] = np.full(n, 0.99, np.float32)
+    replay.add(batch)
+    sample = replay.sample(n)
+    metrics, _ = agent.update(sample)
+    assert metrics["skipped"] == 0
+    modules = [m for m in (getattr(agent, "q", None), getattr(agent, "critics", None), getattr(agent, "actor", None))
+               if m is not None]
+    before = [finite_params(m) for m in modules]
+    poisoned = dict(sample)
+    poisoned["reward"] = sample["reward"].copy()
+    poisoned["reward"][3] = np.nan
+    metrics, _ = agent.update(poisoned)
+    assert metrics["skipped"] == 1
+    for module, params in zip(modules, before, strict=True):
+        for p, q in zip(module.parameters(), params, strict=True):
+            assert torch.equal(p.detach(), q)
+    metrics, _ = agent.update(sample)  # and training goes on
+    assert metrics["skipped"] == 0 and all(torch.isfinite(p).all() for m in modules for p in m.parameters())
