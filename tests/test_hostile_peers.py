@@ -31,7 +31,6 @@ from zmqrl.roles.admission import MAC_KEY, TOKEN_FILE, report_mac
 from zmqrl.roles.common import free_port
 from zmqrl.roles.ingest import FRAME_SLACK, FRAMES_PER_ITEM, ReplayWriter
 from zmqrl.roles.learner import Learner
-from zmqrl.roles.peers import STEP_SLACK
 from zmqrl.wire import (
     BATCH,
     EVAL,
@@ -396,7 +395,7 @@ def test_interleaved_incarnations_of_one_name_count_no_more_env_steps_than_were_
                 push.send_multipart(batch_frames("actor-0", seq, cartpole_batch(64, seq),
                                                  {"stats": {"env_steps": claimed}}, inc=inc))
         ingest_until(learner, lambda: learner.batches == 80)
-        assert learner.book.env_steps <= 80 * 64 + STEP_SLACK
+        assert learner.book.env_steps <= 80 * 64 + learner.peers.step_slack
         assert learner.book.env_steps >= 40 * 64  # the real incarnation's steps all count
     finally:
         push.close(linger=0)

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import random
+from typing import Any
+
+import pytest
+
 from zmqrl.config import TrainerConfig
-from zmqrl.roles.ratelimit import SamplesPerInsert
+from zmqrl.roles.fit import Allowance
+from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
+from zmqrl.wire import MODEL, Message
 
 BATCH = 64
 
@@ -57,3 +65,70 @@ def test_actors_get_an_allowance_per_model_only_while_the_learner_trains_with_th
     off = limiter(min_ratio=0.0)
     off.update_pause(0, warm=True)
     assert off.allowance() is None  # no lower bound on the ratio: no allowance either
+
+
+# ------------------------------------------------------------------------- allowances, both sides
+
+
+def simulate(seed: int, steps: int = 4000) -> tuple[Allowances, int, int]:
+    """A learner making grants (some while paused), an actor that receives a random part of the models
+    (CONFLATE keeps only the newest), holds as told and makes batches, and a link that delivers its
+    batches in order after random delays (some lost, as when a proxy dies). Returns the learner's
+    allowances, the transitions the actor made and those that arrived."""
+    rng = random.Random(seed)
+    amount, n_buffer = 160, 64
+    learner, actor = Allowances(16, 600.0, unstamped=10 * n_buffer), Allowance()
+    paused = False
+    made = arrived = 0
+    queue: collections.deque[tuple[int, list[int]]] = collections.deque()
+    pending_model: tuple[int, dict[str, Any]] | None = None
+    for _ in range(steps):
+        event = rng.random()
+        if event < 0.1:  # the learner encodes a model: a grant (the limiter's pause flips now and then)
+            if rng.random() < 0.2:
+                paused = not paused
+            number = learner.grant(amount, paused=paused)
+            pending_model = (number or 0, {"pause": paused, "allow": amount, "grant": number})
+        elif event < 0.2 and pending_model is not None and rng.random() < 0.7:  # the actor reads the newest model
+            actor.observe(Message(MODEL, "learner", "L", pending_model[0], pending_model[0], {}, pending_model[1]),
+                          made)
+            if rng.random() < 0.3:  # and, now and then, the same model again (a re-send to a new subscriber)
+                actor.observe(Message(MODEL, "learner", "L", pending_model[0], pending_model[0], {},
+                                      pending_model[1]), made)
+        elif event < 0.6 and pending_model is not None and actor.quota is not None and not actor.reached(made):
+            # the actor (acting once it has a model) finishes a batch
+            made += n_buffer
+            queue.append((n_buffer, actor.stamp()))
+        elif queue:  # the oldest batch in flight arrives (or is lost)
+            n, grants = queue.popleft()
+            if rng.random() < 0.02:
+                continue
+            assert learner.take("actor-0", n, grants), (seed, made, arrived)
+            arrived += n
+    return learner, made, arrived
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_an_honest_actor_is_never_refused_however_its_models_and_batches_are_delayed(seed: int) -> None:
+    learner, made, arrived = simulate(seed)
+    assert learner.refused_batches == 0 and made > 20 * 64 and arrived > 0
+
+
+def test_a_sender_that_ignores_pauses_and_allowances_gets_a_sliver() -> None:
+    amount, n = 160, 64
+    learner = Allowances(16, 600.0, unstamped=4 * n)
+    taken = 0
+    for k in range(2000):
+        number = learner.grant(amount, paused=k % 3 == 0)
+        for _ in range(10):  # ten batches per model, whatever the model says
+            taken += learner.take("rogue", n, [number] if k % 2 else []) * n
+    # an honest actor gets at most ``amount`` per unpaused grant (about 1,333 of them here); the rogue a sliver
+    assert taken < 0.05 * amount * 1333, taken
+    assert not learner.take("rogue", n, [learner.grants + 5])  # a grant never made
+    assert learner.take("newcomer", n, [2]) and not learner.take("newcomer", n, [4])  # grant 4: made while paused
+
+
+def test_no_allowance_in_force_takes_everything() -> None:
+    learner = Allowances(16, 600.0, unstamped=0)
+    learner.grant(None)
+    assert all(learner.take("a", 64) for _ in range(1000))

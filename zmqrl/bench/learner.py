@@ -39,7 +39,7 @@ from zmqrl.bench.harness import (
 )
 from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import limits, options, read_json
-from zmqrl.roles.fit import Grants, hold_limit
+from zmqrl.roles.fit import Allowance
 from zmqrl.wire import (
     BATCH,
     MODEL,
@@ -60,25 +60,21 @@ DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--ac
 
 
 class Control:
-    """The learner's requests as an actor reads them from its incarnation's models: ``pause``
-    (the rate limiter), ``allow`` and ``quota`` (how far to go before holding: :func:`hold_limit`;
-    ``made`` counts what was made) and ``done`` (the run is over)."""
+    """The learner's requests as an actor reads them from its incarnation's models: pause and allowance
+    (:class:`~zmqrl.roles.fit.Allowance`; ``made`` counts what was made) and ``done`` (the run is over)."""
 
     def __init__(self, tracker: VersionTracker, made: Callable[[], int] = lambda: 0) -> None:
-        self.tracker, self.made, self.pause, self.done = tracker, made, False, False
-        self.quota: int | None = None
-        self.grants = Grants()
+        self.tracker, self.made, self.done = tracker, made, False
+        self.allowance = Allowance()
 
     def __call__(self, msg: Message) -> None:
         if msg.incarnation == self.tracker.incarnation or self.tracker.incarnation is None:
-            self.pause = msg.meta.get("pause") is True
-            if self.grants.new(msg):
-                self.quota = hold_limit(msg.meta, self.made(), self.quota)
+            self.allowance.observe(msg, self.made())
             self.done = self.done or bool(msg.meta.get("done"))
 
     def hold(self) -> bool:
         """Whether an actor would hold now: paused, or its allowance made."""
-        return self.pause or (self.quota is not None and self.made() >= self.quota)
+        return self.allowance.reached(self.made())
 
 
 def actor_meta(index: int, sent: int, n_buffer: int, version: int, model_inc: str | None, wall: float,
@@ -165,6 +161,7 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
             lo = (offset + sent * n_buffer) % (size - n_buffer)
             batch = {k: pool[k][lo:lo + n_buffer] for k in (*TRANSITION_KEYS, "priority")}
             meta = actor_meta(index, sent, n_buffer, version, tracker.incarnation, now - start, blocked_s, paused_s)
+            meta["grants"] = control.allowance.stamp()
             frames = encode(BATCH, sender=name, incarnation=inc, seq=sent, version=version, arrays=batch, meta=meta)
             t0 = time.monotonic()
             while not stop.set:

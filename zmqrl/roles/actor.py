@@ -33,7 +33,7 @@ from zmqrl.acting import ActingLoop, make_task
 from zmqrl.config import Config
 from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
-from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, Grants, hold_limit, learner_done, load_if_fits, task_signature
+from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, Allowance, learner_done, load_if_fits, task_signature
 from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
     MODEL,
@@ -69,6 +69,7 @@ class ReadyBatch:
     high: int
     returns: list[float]  # episodes that ended while it was built
     lengths: list[int]
+    grants: list[int] = field(default_factory=list)  # the learner's grants applied since the previous batch
 
 
 def lower_priority(nice: int) -> None:
@@ -145,10 +146,8 @@ class Actor:
         self._watch_links = Every(0.25)
         self.versions = VersionTracker()
         self.version = -1
-        self.paused = False
-        self.quota: int | None = None  # hold once ``made`` reaches this, until a model lifts or moves it
-        self.made = 0  # transitions in finished batches, counted against ``quota``
-        self._grants = Grants()
+        self.allowance = Allowance()  # the learner's pause and allowance, as its models say them
+        self.made = 0  # transitions in finished batches, counted against the allowance
         self.seq = 0
         self.encoder = BatchEncoder(self.name, self.incarnation, pack_below=DEFAULT_COPY_THRESHOLD)
         self.stats = ActorStats()
@@ -192,9 +191,7 @@ class Actor:
         many transitions, until a model without one comes), ``allow`` (while it trains: make at
         most that many more transitions until the next model) and ``done`` (the run is over: finish)."""
         if msg.incarnation == self.versions.incarnation or self.versions.incarnation is None:
-            self.paused = msg.meta.get("pause") is True
-            if self._grants.new(msg):  # a model sent again grants nothing more
-                self.quota = hold_limit(msg.meta, self.made, self.quota)
+            self.allowance.observe(msg, self.made)
         done = learner_done(msg, self.versions)
         if done and not self.finished:
             self.finished = done
@@ -241,7 +238,8 @@ class Actor:
     def _finish_batch(self) -> None:
         """Set the pending transitions aside as a ready batch and start the next one."""
         low, high = self._versions if self._versions is not None else (self.version, self.version)
-        self._ready.append(ReadyBatch(self._pending, self._pending_n, low, high, *self._episodes))
+        self._ready.append(ReadyBatch(self._pending, self._pending_n, low, high, *self._episodes,
+                                      grants=self.allowance.stamp()))
         self.made += self._pending_n
         self._pending, self._pending_n, self._versions = [], 0, None
         self._episodes = ([], [])
@@ -277,7 +275,7 @@ class Actor:
         outbox = []
         for i, (ready, arrays) in enumerate(zip(self._ready, self._arrays(), strict=True)):
             meta = {"episodes": {"returns": ready.returns, "lengths": ready.lengths}, "actor": self.index,
-                    "max_version": ready.high, "model_inc": self.versions.incarnation,
+                    "max_version": ready.high, "model_inc": self.versions.incarnation, "grants": ready.grants,
                     "explore": self.exploration(self.loop.env_steps), "stats": stats}
             outbox.append((self.encoder.encode(self.seq + i, ready.low, arrays, meta), ready.size))
         for frames, size in outbox:
@@ -304,11 +302,19 @@ class Actor:
         # Paused by the learner's rate limiter, past its start-up quota, or cut off from the
         # learner: stepping on would only fill queues with data nobody trains on yet, from a
         # policy that is getting older by the second.
-        self._hold = self.paused or self.links[0].down or self._past_quota()
+        self._hold = self.links[0].down or self._past_quota()
 
     def _past_quota(self) -> bool:
-        """Whether the learner's start-up quota or allowance is set and this actor has made that many transitions."""
-        return self.quota is not None and self.made >= self.quota
+        """Whether the learner asks this actor to hold: paused, or its start-up quota or allowance made."""
+        return self.allowance.reached(self.made)
+
+    @property
+    def paused(self) -> bool:
+        return self.allowance.paused
+
+    @property
+    def quota(self) -> int | None:
+        return self.allowance.quota
 
     def run(self, stop: StopFlag, max_env_steps: int = 0) -> None:
         """Act until stopped (or ``max_env_steps``), finishing a batch every ``n_buffer`` transitions.

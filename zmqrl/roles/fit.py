@@ -91,31 +91,60 @@ def learner_done(msg: Message, versions: VersionTracker) -> str:
 
 def hold_limit(meta: Mapping[str, Any], made: int, quota: int | None = None) -> int | None:
     """How many transitions in all an actor that has made ``made`` may reach before it holds, as a
-    model's meta says (apply it once per grant: see the learner's ``grant`` field): while the learner
-    trains, its ``allow`` more than the limit so far (``quota``; ``made`` when none), but never more than
-    two grants ahead of ``made``, exactly the credit the learner keeps for the actor
-    (:class:`~zmqrl.roles.ratelimit.Allowances`); while the learner loads torch, its start-up
-    ``quota``; else None (no bound)."""
+    model's meta says: while the learner trains, its ``allow`` more than the limit so far (``quota``,
+    the limit from this learner's previous grant; ``made`` when there is none), but never more than
+    two grants ahead of ``made``; while the learner loads torch, its start-up ``quota``; else None
+    (no bound). :class:`Allowance` applies it once per grant."""
     allow = _count(meta.get("allow"))
     if allow is not None:
         return made + (allow if quota is None else min(2 * allow, quota - made + allow))
     return _count(meta.get("quota"))
 
 
-class Grants:
-    """The allowance grants an actor has applied: each model the learner encodes while it trains
-    carries the next ``grant`` number, and a model sent again (to a new subscriber, or every
-    ``net.republish_s``) grants nothing more."""
+MAX_STAMPED_GRANTS = 4  # grants a batch lists: the last ones applied (three reach the cap from any state)
+
+
+class Allowance:
+    """An actor's side of the learner's rate limiter, as models from the learner line in use say it.
+
+    ``pause``: hold. ``allow`` with a ``grant`` number (a model encoded while the learner trains):
+    the actor may make that many more transitions; each grant counts once (a model sent again grants
+    nothing) and none counts while paused. Every batch lists the last grants applied (:meth:`stamp`;
+    a batch lost on the way loses none), so the learner can keep the same account of each actor
+    (:class:`~zmqrl.roles.ratelimit.Allowances`) and refuse what an actor makes beyond it.
+    """
 
     def __init__(self) -> None:
-        self.last: tuple[str, Any] = ("", None)
+        self.paused = False
+        self.quota: int | None = None  # hold once ``made`` reaches this, until a model lifts or moves it
+        self._seen: tuple[str, Any] = ("", None)  # the last (incarnation, grant) looked at
+        self._from: str | None = None  # the learner incarnation whose grants ``quota`` comes from
+        self._applied: list[int] = []  # the last grants applied (numbers of this learner line)
 
-    def new(self, msg: Message) -> bool:
-        """Whether ``msg`` carries a grant not applied yet (or no grant number at all)."""
-        grant = (msg.incarnation, msg.meta.get("grant"))
-        fresh = grant[1] is None or grant != self.last
-        self.last = grant
-        return fresh
+    def observe(self, msg: Message, made: int) -> None:
+        """Take the control fields of ``msg``, a model from the learner line in use."""
+        meta = msg.meta
+        self.paused = meta.get("pause") is True
+        grant = (msg.incarnation, meta.get("grant"))
+        if self.paused or (grant[1] is not None and grant == self._seen):
+            return
+        self._seen = grant
+        allow = _count(meta.get("allow"))
+        self.quota = hold_limit(meta, made, self.quota if self._from == msg.incarnation else None)
+        number = _count(grant[1])
+        if self._from != msg.incarnation:
+            self._applied = []
+        self._from = msg.incarnation if allow is not None else None
+        if allow is not None and number is not None:
+            self._applied = [*self._applied, number][-MAX_STAMPED_GRANTS:]
+
+    def reached(self, made: int) -> bool:
+        """Whether an actor that has made ``made`` transitions must hold now (paused, or its allowance made)."""
+        return self.paused or (self.quota is not None and made >= self.quota)
+
+    def stamp(self) -> list[int]:
+        """The last grants applied, oldest first: what a batch finished now carries in ``meta["grants"]``."""
+        return list(self._applied)
 
 
 def _count(value: object) -> int | None:

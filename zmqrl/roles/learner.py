@@ -49,6 +49,7 @@ from zmqrl.roles.common import Every, auth_counts, limits, new_context, options,
 from zmqrl.roles.fit import task_signature
 from zmqrl.roles.ingest import Receiver, ReplayWriter
 from zmqrl.roles.peers import PeerAccounts, episodes
+from zmqrl.roles.proxy import PROXY_QUEUE
 from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
 from zmqrl.roles.supervise import restart_counts
 from zmqrl.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE
@@ -155,8 +156,14 @@ class Learner:
                       LinkMonitor(self.data, "learner", f"data peers on {self.endpoints['data']}")]
         self.receiver = Receiver(self.data, self.evals, cfg, self.spec, self.task.value_limits())
         self.writer = ReplayWriter(self.replay, net.max_peers, net.peer_idle_s)
-        self.peers = PeerAccounts(net.max_peers, net.peer_idle_s)
-        self.allowances = Allowances(net.max_peers, net.peer_idle_s)
+        # env steps an actor has taken but not yet sent as transitions: its batch being filled, its n-step
+        # windows, and the batches of one send (several go out together)
+        buffered = 4 * (cfg.actor.n_buffer + cfg.env.num_envs * cfg.agent.n_step)
+        self.peers = PeerAccounts(net.max_peers, net.peer_idle_s, step_slack=buffered)
+        # batches made before the allowance came into force may still be queued on the way (an actor's,
+        # its proxy's and this socket's queues): that much of each sender's unstamped data is taken
+        in_flight = (cfg.actor.send_hwm + 2 * PROXY_QUEUE) * cfg.actor.n_buffer
+        self.allowances = Allowances(net.max_peers, net.peer_idle_s, unstamped=in_flight)
         self.admission = EvalAdmission(cfg, self.dir)
         self.updates_skipped = 0  # optimisation steps not applied: their loss or gradients were not finite
         self.models_withheld = 0  # models not published: their parameters were not finite
@@ -265,7 +272,7 @@ class Learner:
                 self.allowances.grant(None)
             elif allowance is not None:
                 meta["allow"] = allowance
-                meta["grant"] = self.allowances.grant(allowance)
+                meta["grant"] = self.allowances.grant(allowance, paused=self.limiter.paused)
             else:
                 self.allowances.grant(None)
             if done:
@@ -299,7 +306,7 @@ class Learner:
                     if self.peers.sequences.last_refusal == "jump":
                         self.receiver.refuse("seq_jump", "data", msg.sender, f"sequence number {msg.seq} lies "
                                              f"implausibly far ahead of its last one (refused, not counted as lost)")
-                elif not self.allowances.take(msg.sender, len(msg.arrays["reward"])):
+                elif not self.allowances.take(msg.sender, len(msg.arrays["reward"]), msg.meta.get("grants")):
                     self.receiver.refuse("over_allowance", "data", msg.sender, "it sent more than the learner "
                                          "allowed it (an actor that ignores the rate limiter's pause)")
                 else:

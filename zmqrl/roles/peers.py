@@ -22,7 +22,7 @@ MAX_COUNT = 2**53  # counts, times and rates a peer reports are at most this (ex
 MAX_EPISODE_LENGTH = 2**31
 MAX_EPISODES = 10_000  # episodes one batch may report
 MAX_RETURN = 1e15  # an episode's return, in absolute value
-STEP_SLACK = 50_000  # env steps an actor may report beyond the transitions it sent (still in its buffers)
+STEP_SLACK = 4096  # env steps an actor may report beyond the transitions it sent (still in its buffers), by default
 MAX_INCARNATIONS = 4  # incarnations of one name whose env step counters are kept
 
 
@@ -139,7 +139,8 @@ class ActorAccount:
 class PeerAccounts:
     """Sequence checks, per-actor and per-proxy counters, and policy lag."""
 
-    def __init__(self, max_peers: int, idle_s: float = 600.0) -> None:
+    def __init__(self, max_peers: int, idle_s: float = 600.0, step_slack: int = STEP_SLACK) -> None:
+        self.step_slack = step_slack
         self.sequences = SequenceTracker(max_peers, idle_s)
         self.actors: PeerTable[ActorAccount] = PeerTable(ActorAccount, max_peers, idle_s)
         self.proxies: PeerTable[dict[str, Any]] = PeerTable(dict, max_peers, idle_s)
@@ -168,7 +169,8 @@ class PeerAccounts:
         policy lag is measured only for batches acted by this learner's version line. Each of an
         actor's incarnations counts its own env steps (a restart starts at 0; two processes under
         one name do not reset each other's), and never more for the name in all than the
-        transitions it sent plus :data:`STEP_SLACK`: an actor cannot claim steps it never took.
+        transitions it sent plus ``step_slack`` (what its buffers may hold): an actor cannot claim steps it
+        never took.
         """
         actor = self.actors.admit(msg.sender)
         if actor is None:  # forgotten since its sequence check (idle) and no room now
@@ -188,7 +190,7 @@ class PeerAccounts:
         counter[1] += n
         actor.transitions += n
         reported = int(number(stats, "env_steps", lo=0))
-        new_steps = min(max(0, reported - counter[0]), actor.transitions + STEP_SLACK - actor.steps_counted)
+        new_steps = min(max(0, reported - counter[0]), actor.transitions + self.step_slack - actor.steps_counted)
         new_steps = max(0, new_steps)
         counter[0] += new_steps
         actor.steps_counted += new_steps

@@ -59,6 +59,7 @@ from zmqrl.wire.monitor import LinkMonitor
 log = logging.getLogger("zmqrl")
 
 
+PROXY_QUEUE = 64  # batches (or bundles) queued towards the learner before the proxy stops reading
 REPORTED_ACTORS = 64  # per-actor counters in a stats report: the most recently active (the rest as a count)
 JOIN_BELOW = DEFAULT_COPY_THRESHOLD  # batches this large go as they came: joining copies, and saves them little
 BUNDLE_BYTES = 1 << 20  # at most this many bytes of batches in one bundle
@@ -123,8 +124,8 @@ class Proxy:
                                 bind=bind_addr, watch=True)
         self.bind_addr = bound_address(self.pull)
         self.hold = _Hold(cfg.net.proxy_hold_ms / 1000.0, int(self.pull.getsockopt(zmq.RCVHWM)))
-        self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push(sndhwm=64), data_path=True),
-                                connect=learner_addr, watch=True)
+        push_opts = options(cfg.net, SocketOptions.push(sndhwm=PROXY_QUEUE), data_path=True)
+        self.push = make_socket(self.ctx, zmq.PUSH, push_opts, connect=learner_addr, watch=True)
         self.learner_addr = learner_addr
         self.links = [LinkMonitor(self.push, name, f"to learner {learner_addr}"),
                       LinkMonitor(self.pull, name, f"from actors on {self.bind_addr}")]

@@ -14,7 +14,9 @@ learner continues the same ratio instead of starting over at zero inserts.
 
 from __future__ import annotations
 
+import collections
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from zmqrl.config import TrainerConfig
@@ -73,68 +75,98 @@ class SamplesPerInsert:
         self.pauses = int(state.get("pauses", 0))
 
 
+@dataclass
+class _Account:
+    """The learner's copy of one sender's allowance (as :class:`~zmqrl.roles.fit.Allowance` keeps it)."""
+
+    made: int = 0  # transitions taken in from it while allowances were in force
+    quota: float | None = None  # what it may reach, from the grants its batches say it applied
+    last: int = 0  # the newest grant it applied
+    share: float = 1.0  # of each grant's allowance (halved for each grant it overran in)
+    overran: int = -1  # the last grant number in force when it overran
+
+
 class Allowances:
-    """The allowance enforced where the data arrives: each sender may insert what the learner granted it.
+    """The allowance enforced where the data arrives: each sender inserts only what the learner granted it.
 
-    Every model the learner encodes while it trains with ``min_samples_per_insert`` grants each
-    actor :meth:`SamplesPerInsert.allowance` more transitions (the model's ``grant`` number tells
-    actors which grants they have seen; re-sends of one model grant nothing). An honest actor makes
-    at most that much per grant it receives and then holds; one that ignores the pause or the
-    allowance would otherwise fill replay with its data and, by pushing the samples-per-insert
-    ratio down, keep every honest actor paused. Here each sender's credit grows by the allowance
-    per grant (up to two grants' worth: a sender that was idle does not save up; a new sender
-    starts with one) and each of its batches spends it; a batch that finds the credit spent is
-    refused. One batch may overdraw the credit (an actor holds only once a whole batch is made).
-
-    A sender refused for overrunning its credit also has its share halved (down to
-    :data:`MIN_SHARE`) for each grant in which it overran, and doubled back for each grant in
-    which it did not: a sender that keeps flooding gets a sliver of an allowance, so what it does
-    insert cannot push the ratio down and pause everyone else. With no allowance in force
-    (warm-up, the limiter off) every batch is taken.
+    While the learner trains with ``min_samples_per_insert``, every model it encodes is a grant
+    of :meth:`SamplesPerInsert.allowance` transitions, numbered. An actor applies each grant it
+    receives once, none while paused (:class:`~zmqrl.roles.fit.Allowance`), and every batch lists
+    the last grants it applied. Batches from one sender arrive in the order they were made, so the
+    transitions taken in from it before the first batch that lists a grant are at most what it had
+    made when it applied that grant (batches lost on the way make them fewer): the learner applies
+    each grant there and finds an honest actor always within its account. A batch is refused when
+    it lists a grant the learner never made or made while actors were paused; when it lists none while its sender
+    has no grant yet beyond the first ``unstamped`` transitions (batches made before the
+    allowance came into force, still on their way); or when its sender's account is spent.
+    A sender that overruns also loses half its share of every later grant (down to
+    :data:`MIN_SHARE`) and wins it back grant by grant once it stops: one that ignores pauses can
+    insert a sliver, not push the samples-per-insert ratio down and keep everyone else paused.
+    With no allowance in force (warm-up, the limiter off) every batch is taken.
     """
 
     MIN_SHARE = 1 / 64
+    PAUSED_KEPT = 100_000  # grant numbers remembered as paused (older ones are refused as unknown)
 
-    def __init__(self, max_peers: int, idle_s: float) -> None:
+    def __init__(self, max_peers: int, idle_s: float, unstamped: int) -> None:
         from zmqrl.wire import PeerTable
 
-        # per sender: [credit, grant seen, share, last grant it overran in]
-        self._credit: PeerTable[list[float]] = PeerTable(lambda: [0.0, -1, 1.0, -1], max_peers, idle_s)
+        self._accounts: PeerTable[_Account] = PeerTable(_Account, max_peers, idle_s)
+        self.unstamped = unstamped
         self.amount: int | None = None  # transitions per grant; None: no allowance in force
-        self.grants = 0
+        self.grants = 0  # grants made (the newest's number)
+        self._paused: collections.deque[int] = collections.deque()  # grant numbers made while paused
+        self._paused_set: set[int] = set()
         self.refused_batches = 0
         self.refused_transitions = 0
 
-    def grant(self, amount: int | None) -> int:
-        """One more grant of ``amount`` transitions to every sender (None: no allowance); its number."""
+    def grant(self, amount: int | None, paused: bool = False) -> int | None:
+        """A model is being encoded with ``amount`` as its allowance (None: none in force); the grant's
+        number, to go into its meta (None without an allowance)."""
         self.amount = amount
-        if amount is not None:
-            self.grants += 1
+        if amount is None:
+            return None
+        self.grants += 1
+        if paused:
+            self._paused.append(self.grants)
+            self._paused_set.add(self.grants)
+            while self._paused and self._paused[0] <= self.grants - self.PAUSED_KEPT:
+                self._paused_set.discard(self._paused.popleft())
         return self.grants
 
-    def take(self, sender: str, n: int) -> bool:
-        """Whether ``sender`` may insert a batch of ``n`` transitions now (spending its credit if so)."""
+    def take(self, sender: str, n: int, stamped: Any = None) -> bool:
+        """Whether ``sender`` may insert a batch of ``n`` transitions that lists the grants ``stamped``
+        (its meta's ``grants``) as applied since its previous batch; counted against it if so."""
         amount = self.amount
         if amount is None:
             return True
-        entry = self._credit.admit(sender)
-        if entry is None:  # no room to track it: the sequence check has refused it already
+        account = self._accounts.admit(sender)
+        if account is None:  # no room to keep its account: the sequence check has refused it already
             return True
-        credit, seen, share, overran = entry
-        new_grants = self.grants - int(seen)
-        if seen < 0:
-            credit = float(amount)
-        elif new_grants > 0:
-            if overran < seen:  # no overrun in the grants since it was last seen: its share comes back
-                share = min(1.0, share * 2.0 ** new_grants)
-            credit = min(2.0 * amount, credit + share * amount * new_grants)
-        entry[1] = self.grants
-        if credit <= 0:
-            if overran < self.grants:
-                share = max(self.MIN_SHARE, share / 2)
-            entry[0], entry[2], entry[3] = credit, share, self.grants
-            self.refused_batches += 1
-            self.refused_transitions += n
-            return False
-        entry[0], entry[2] = credit - n, share
+        if stamped:
+            for number in stamped if type(stamped) is list else [stamped]:
+                if type(number) is not int or number > self.grants:
+                    return self._refuse(account, n)
+                if number <= account.last:
+                    continue  # applied already
+                if number in self._paused_set or number <= self.grants - self.PAUSED_KEPT:
+                    return self._refuse(account, n)
+                fresh = amount * account.share
+                account.quota = account.made + (fresh if account.quota is None else
+                                                 min(2.0 * amount, account.quota - account.made + fresh))
+                account.last = number
+                if account.overran < number - 1:  # a whole grant without overrunning: its share comes back
+                    account.share = min(1.0, account.share * 2.0)
+        limit = self.unstamped if account.quota is None else account.quota
+        if account.made >= limit:
+            return self._refuse(account, n)
+        account.made += n
         return True
+
+    def _refuse(self, account: _Account, n: int) -> bool:
+        if account.overran < self.grants:
+            account.share = max(self.MIN_SHARE, account.share / 2)
+            account.overran = self.grants
+        self.refused_batches += 1
+        self.refused_transitions += n
+        return False
