@@ -38,8 +38,9 @@ refuses everyone instead of admitting every key.  The handler is a
 :class:`CurveAuthenticator` thread, started by :class:`SecureContext` for the first server
 socket made on it.  Clients with an unknown key are refused during the handshake (counted
 and logged, rate-limited, with their address); plaintext clients fail the handshake before
-the ZAP stage (libzmq drops them; they are not counted).  A refused client never reaches
-the application and does not disturb the server's other peers.
+the ZAP stage (libzmq drops them; not counted here: the socket's
+:class:`~zmqrl.wire.monitor.LinkMonitor`, where it has one, counts them as protocol failures).
+A refused client never reaches the application and does not disturb the server's other peers.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ import shutil
 import stat
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +59,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
+
+from .tracking import RateLimitedLog
 
 log = logging.getLogger("zmqrl.security")
 
@@ -233,16 +235,19 @@ def apply_curve(sock: zmq.Socket, security: Security, *, server: bool) -> None:
 
 
 class AllowList:
-    """ZAP credentials provider: admits the keys of a :class:`Security`, counts and logs refusals."""
+    """ZAP credentials provider: admits the keys of a :class:`Security`, counts and logs refusals.
+
+    Every refusal is counted; one line per ``log_interval_s`` tells of them, naming the latest client's
+    address and key and how many were left out since the line before. (One line per key would let a
+    client that makes up a new key for each connection write a line each, and keep a key each.)
+    """
 
     def __init__(self, security: Security, log_interval_s: float = 30.0) -> None:
         self.security = security
         self.allowed = 0
         self.refused = 0
         self.address = ""  # peer address of the request being checked (set by the authenticator)
-        self._log_interval_s = log_interval_s
-        self._last_log: dict[bytes, float] = {}
-        self._suppressed: dict[bytes, int] = {}
+        self._ratelog = RateLimitedLog(log, interval=log_interval_s)
         self._lock = threading.Lock()
 
     def callback(self, domain: str, key: bytes) -> bool:
@@ -253,16 +258,10 @@ class AllowList:
                 self.allowed += 1
                 return True
             self.refused += 1
-        now = time.monotonic()
-        last = self._last_log.get(key)
-        if last is not None and now - last < self._log_interval_s:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return False
-        self._last_log[key] = now
-        again = self._suppressed.pop(key, 0)
-        log.warning("refused CURVE client %s with key %s: not in the allow-list %s%s",
-                    self.address or "(unknown address)", key.decode("ascii", "replace"), self.security.allowed_dir,
-                    f" ({again} more refusals since the last line)" if again else "")
+            refused = self.refused
+        self._ratelog.warn("refused", f"refused CURVE client {self.address or '(unknown address)'} with key "
+                                      f"{key.decode('ascii', 'replace')}: not in the allow-list "
+                                      f"{self.security.allowed_dir} ({refused} refused so far)")
         return False
 
     def counts(self) -> dict[str, int]:
