@@ -142,12 +142,14 @@ class Learner:
         self.data = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, BATCH, STATS, HELLO),
                                                                                      rcvhwm=64), data_path=True),
                                  bind=bind_data, watch=True)
-        # (no heartbeats: a full queue stops libzmq reading the connection, and heartbeats on such a
-        # connection end in a failed assertion inside libzmq; see roles.common.options)
+        # No heartbeats on sockets a peer can fill (the evaluations PULL, the XPUB's subscriptions): with
+        # its queue full libzmq stops reading a connection, and a heartbeat on a connection the peer then
+        # reset ends in libzmq's assertion !_io_error (zeromq/libzmq #4364). A peer's own heartbeats still
+        # let it be dropped when it goes silent.
         self.evals = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, EVAL)),
                                                              data_path=True), bind=bind_eval)
-        self.pub = make_socket(self.ctx, zmq.XPUB, options(net, SocketOptions.pub()), bind=bind_model,
-                               watch=True)
+        self.pub = make_socket(self.ctx, zmq.XPUB, options(net, SocketOptions.pub(), data_path=True),
+                               bind=bind_model, watch=True)
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.endpoints = {"data": bound_address(self.data), "model": bound_address(self.pub),
                           "eval": bound_address(self.evals)}
@@ -284,12 +286,15 @@ class Learner:
         except zmq.Again:
             pass  # PUB drops by design; the next version supersedes this one
 
-    def _new_subscribers(self) -> bool:
-        """True when a subscriber joined since the last look (XPUB subscription messages)."""
+    def _new_subscribers(self, at_most: int = 256) -> bool:
+        """True when a subscriber joined since the last look (XPUB subscription messages, at most
+        ``at_most`` read per look: a flood of them must not hold the loop)."""
         joined = False
-        while self.pub.poll(0, zmq.POLLIN):  # checked every loop: no zmq.Again raised in the common case
+        for _ in range(at_most):
+            if not self.pub.poll(0, zmq.POLLIN):  # no zmq.Again raised in the common case
+                break
             event = self.pub.recv(zmq.NOBLOCK)
-            joined |= bool(event) and event[0] == 1
+            joined |= event[:1] == b"\x01"
         return joined
 
     # --- data in ------------------------------------------------------------------------------

@@ -65,6 +65,17 @@ JOIN_BELOW = DEFAULT_COPY_THRESHOLD  # batches this large go as they came: joini
 BUNDLE_BYTES = 1 << 20  # at most this many bytes of batches in one bundle
 
 
+class _Either:
+    """Set when ``stop`` is, or once the learner has said the run is over (nothing waits on it then)."""
+
+    def __init__(self, stop: Any, proxy: Proxy) -> None:
+        self.stop, self.proxy = stop, proxy
+
+    @property
+    def set(self) -> bool:
+        return bool(self.stop.set or self.proxy.finished)
+
+
 class _Until:
     """A stop flag that sets itself at a deadline."""
 
@@ -168,11 +179,13 @@ class Proxy:
                 "auth": auth_counts(self.ctx)}
 
     def _forward(self, frames: list[Any], stop: StopFlag | _Until) -> bool:
+        """Send ``frames`` to the learner, waiting while it does not take them (reading its models the
+        while), until ``stop`` or the learner says the run is over; whether they went."""
         sent, blocked_s = send_blocking(
-            self.push, frames, stop,
+            self.push, frames, _Either(stop, self),
             on_block=lambda: self.ratelog.warn("blocked", f"{self.name}: learner {self.learner_addr} is not "
                                                           "taking batches; holding actors back"),
-            while_blocked=self.links[0].poll)
+            while_blocked=self._watch_models)
         self.blocked_s += blocked_s
         return sent is not None
 
