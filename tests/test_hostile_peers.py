@@ -517,3 +517,34 @@ def test_an_update_with_a_non_finite_loss_is_not_applied(config: str, sets: tupl
             assert torch.equal(p.detach(), q)
     metrics, _ = agent.update(sample)  # and training goes on
     assert metrics["skipped"] == 0 and all(torch.isfinite(p).all() for m in modules for p in m.parameters())
+
+
+# ------------------------------------------------------------------------- shutdown after a flood
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("port", ["eval", "model"])
+def test_a_learner_flooded_then_dropped_stops_cleanly(tmp_path: Path, procs: Procs, port: str) -> None:
+    """Flood the evaluation port (or the model port with subscriptions), drop the connection, SIGTERM:
+    libzmq aborted with ``!_io_error`` (exit -6, no stop reason, no ``done`` to the other roles) when the
+    socket had heartbeats on. Short heartbeats here make the abort come at once where it would."""
+    from zmtp import Client, message
+
+    learner = LearnerProcess(procs, tmp_path / "run", "net.heartbeat_ms=100", "net.heartbeat_timeout_ms=400",
+                             "trainer.warmup=100000")
+    wait_for(lambda: "learner: ready" in learner.proc.text(), 90, "the learner ready", procs.describe)
+    if port == "eval":
+        payload = b"".join(message(encode(EVAL, sender="evaluator", incarnation="x", seq=seq, version=0,
+                                          meta=eval_meta(0, [10.0] * 10, [10] * 10)))
+                           for seq in range(256))
+        client = Client(learner.ports["eval"], b"PUSH")
+    else:
+        payload = b"".join(message([b"\x01topic-%d" % i]) for i in range(256))
+        client = Client(learner.ports["model"], b"SUB")
+    client.flood(payload, seconds=2.0, stall_s=2.0)
+    client.reset()  # the peer vanishes (RST) while the socket's queue is full
+    time.sleep(0.5)  # part of the scenario, not a wait: the socket's heartbeat timer fires meanwhile
+    learner.proc.signal(signal.SIGTERM)
+    rc = learner.proc.wait(60)
+    assert rc == 0, procs.describe()
+    assert summary_of(learner.run_dir)["stop_reason"] == "stopped by SIGTERM"
