@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import zmqrl
-from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import ConfigError
+from zmqrl.run.checkpoint import CheckpointError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -62,7 +62,7 @@ def test_train_returns_the_summary_it_writes(trained: tuple[Path, dict]) -> None
 
 
 def test_run_train_and_run_local_are_the_api() -> None:
-    from zmqrl.api import run_local, run_train
+    from zmqrl.tools.api import run_local, run_train
 
     assert zmqrl.run_train is run_train and zmqrl.run_local is run_local
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zmqrl.atari import AtariFrames, EpisodicLife, GameStats, resize_area
-from zmqrl.catch import Catch
 from zmqrl.config import ConfigError, EnvConfig
-from zmqrl.envs import GreedyEvaluator, VectorStepper, make_env, make_vector_env
+from zmqrl.envs.atari import AtariFrames, EpisodicLife, GameStats, resize_area
+from zmqrl.envs.catch import Catch
+from zmqrl.envs.factory import GreedyEvaluator, VectorStepper, make_env, make_vector_env
 
 pytest.importorskip("ale_py")
 

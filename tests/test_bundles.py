@@ -221,8 +221,8 @@ def test_a_proxy_sends_a_bursts_batches_joined(tmp_path: Path, procs: Procs, zct
 
 def test_batches_a_proxy_cannot_join_go_each_as_it_came(tmp_path: Path, cartpole_cfg: Any,
                                                          zctx: zmq.Context) -> None:
-    from zmqrl.lifecycle import StopFlag
     from zmqrl.roles.proxy import Proxy, _Pending
+    from zmqrl.run.lifecycle import StopFlag
 
     tap = zctx.socket(zmq.PULL)
     tap.setsockopt(zmq.LINGER, 0)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl import checkpoint
-from zmqrl.checkpoint import AGENT_FILE, STATE_FILE, CheckpointError
+from zmqrl.run import checkpoint
+from zmqrl.run.checkpoint import AGENT_FILE, STATE_FILE, CheckpointError
 
 
 def agent_state(value: float) -> dict[str, object]:
@@ -261,8 +261,7 @@ _BLOCKED_SAVE_SCRIPT = r'''
 import sys
 import threading
 import torch
-from zmqrl import checkpoint
-
+from zmqrl.run import checkpoint
 def replay_writer(path):
     path.write_bytes(bytes(1 << 20))
     print("writing", flush=True)
@@ -455,7 +454,7 @@ def test_read_tree_never_unpickles(tmp_path: Path) -> None:
 _POLICY_SCRIPT = r'''
 import sys
 import numpy as np
-from zmqrl import checkpoint
+from zmqrl.run import checkpoint
 params = {"torso.0.weight": np.arange(12, dtype=np.float32).reshape(3, 4), "mean.bias": np.ones(2, np.float32)}
 directory = checkpoint.save_policy(sys.argv[1], params, {"version": 7, "eval_return": -150.5})
 checkpoint.save_policy(directory, {k: v + 1 for k, v in params.items()}, {"version": 9, "eval_return": -120.0})

@@ -12,8 +12,8 @@ import yaml
 
 from zmqrl import cli, config
 from zmqrl.agents import ALGORITHMS, algorithm
+from zmqrl.cli.config import field_descriptions, type_name
 from zmqrl.config import AgentConfig, Config
-from zmqrl.config_cli import field_descriptions, type_name
 
 LINE = re.compile(r"^  (\w+): (.*?)  +# (\S.*?)  +(\S.*)$")  # key: default  # type  description
 SAC = importlib.util.find_spec("zmqrl.agents.sac") is not None

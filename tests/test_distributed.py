@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 import zmq
 
-from zmqrl.checkpoint import POLICY_FILE
-from zmqrl.enjoy import load_policy
 from zmqrl.roles.common import free_port
+from zmqrl.run.checkpoint import POLICY_FILE
+from zmqrl.tools.enjoy import load_policy
 from zmqrl.wire import BATCH, BUNDLE, STATS, Limits, WireError, decode, unbundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -517,7 +517,7 @@ def py_spy_stack(pid: int) -> str | None:
 
 @pytest.mark.timeout(120)
 def test_evaluator_stops_when_learner_is_gone(tmp_path: Path, procs: Procs, cartpole_cfg: Any) -> None:
-    from zmqrl.acting import make_task
+    from zmqrl.run.acting import make_task
     from zmqrl.wire import encode_model, new_incarnation
 
     cfg = cartpole_cfg(SEED)

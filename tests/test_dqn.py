@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from zmqrl import config as config_mod
-from zmqrl.acting import make_task
 from zmqrl.agents.dqn.agent import DQNAgent, DQNPolicy
 from zmqrl.agents.dqn.config import DQNConfig
 from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.staging import BatchStager
 from zmqrl.agents.torch_util import clip_gradients, resolve_device
 from zmqrl.config import ConfigError
+from zmqrl.run.acting import make_task
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
 ACT_SPACE = gym.spaces.Discrete(3)

@@ -152,7 +152,7 @@ def test_zmqrl_train_leaves_the_callers_thread_as_it_found_it(tmp_path: Path) ->
     hypothesis refusing to run in a test process that had called it)."""
     from zmqrl import config as config_mod
     from zmqrl.agents import torch_util
-    from zmqrl.train import train
+    from zmqrl.run.train import train
 
     seen: list[bool] = []
     real = torch_util.flush_denormals
@@ -163,7 +163,7 @@ def test_zmqrl_train_leaves_the_callers_thread_as_it_found_it(tmp_path: Path) ->
 
     cfg = config_mod.load(Path(__file__).parents[1] / "configs" / "cartpole_dqn.yaml",
                           ["trainer.max_opts=20", "trainer.warmup=64", "trainer.eval_interval=1000"])
-    import zmqrl.train as train_mod
+    import zmqrl.run.train as train_mod
 
     train_mod.flush_denormals = spy  # type: ignore[assignment]
     try:

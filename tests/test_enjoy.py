@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from zmqrl import cli, config
-from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import ConfigError
-from zmqrl.enjoy import load_policy
-from zmqrl.train import train
+from zmqrl.run.checkpoint import CheckpointError
+from zmqrl.run.train import train
+from zmqrl.tools.enjoy import load_policy
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from zmqrl import checkpoint
 from zmqrl.config import ConfigError, EnvConfig
-from zmqrl.envs import GreedyEvaluator, VectorStepper, capture_object, make_env, make_vector_env, spaces
+from zmqrl.envs.factory import GreedyEvaluator, VectorStepper, capture_object, make_env, make_vector_env, spaces
+from zmqrl.run import checkpoint
 
 
 def angle_policy(obs: np.ndarray) -> np.ndarray:
@@ -72,7 +72,7 @@ def test_clip_reward_wrapper_takes_the_sign() -> None:
 
 
 def test_wrapper_by_module_path() -> None:
-    env = make_env(EnvConfig(id="CartPole-v1", wrappers=["zmqrl.envs:_frame_stack"], frame_stack=2))
+    env = make_env(EnvConfig(id="CartPole-v1", wrappers=["zmqrl.envs.factory:_frame_stack"], frame_stack=2))
     try:
         assert env.observation_space.shape == (2, 4)
     finally:

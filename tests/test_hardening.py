@@ -24,11 +24,11 @@ import pytest
 import zmq
 
 from procs import Procs, read_json, role_env, wait_for, zmqrl_argv
-from zmqrl.acting import make_task
 from zmqrl.agents.base import apex_epsilon
 from zmqrl.config import Config, ConfigError
 from zmqrl.roles.common import free_port
 from zmqrl.roles.learner import Learner
+from zmqrl.run.acting import make_task
 from zmqrl.wire import BATCH, MODEL, encode, new_incarnation, pack
 
 pytestmark = pytest.mark.timeout(180)

@@ -23,7 +23,6 @@ import yaml
 from procs import REPO, Procs, log_tail, read_json, zmqrl_argv
 from zmqrl import cli
 from zmqrl import config as config_mod
-from zmqrl.acting import make_task
 from zmqrl.agents import algorithm
 from zmqrl.agents.dqn.networks import NatureCNNQNetwork
 from zmqrl.agents.iqn import ALGORITHM as IQN_ALGO
@@ -33,6 +32,7 @@ from zmqrl.agents.iqn.networks import IQNNetwork, cosine_features
 from zmqrl.agents.iqn.numpy_policy import NumpyIQNPolicy, midpoint_taus
 from zmqrl.agents.iqn.numpy_policy import cosine_features as np_cosine_features
 from zmqrl.config import ConfigError
+from zmqrl.run.acting import make_task
 
 CARTPOLE_IQN = REPO / "configs" / "cartpole_iqn.yaml"
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
@@ -362,7 +362,7 @@ def test_numpy_policy_rejects_mismatched_params_by_name() -> None:
 
 
 def test_actor_with_iqn_does_not_import_torch() -> None:
-    code = ("import sys; import zmqrl.roles.actor; from zmqrl import config; from zmqrl.acting import make_task; "
+    code = ("import sys; import zmqrl.roles.actor; from zmqrl import config; from zmqrl.run.acting import make_task; "
             f"cfg = config.load({str(CARTPOLE_IQN)!r}); task = make_task(cfg); p = task.policy(0); "
             "task.initial_params(); p.act(__import__('numpy').zeros((4, 4), 'float32'), 0.1); "
             "print(type(p).__name__, sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")

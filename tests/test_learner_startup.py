@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 import zmq
 
-from zmqrl.acting import make_task
 from zmqrl.config import Config
-from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import free_port, read_json
 from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner
+from zmqrl.run.acting import make_task
+from zmqrl.run.lifecycle import StopFlag
 from zmqrl.wire import BATCH, MODEL, Limits, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
@@ -229,7 +229,7 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_al
 def test_roles_and_the_launcher_do_not_import_torch() -> None:
     code = ("import sys, zmqrl.cli; zmqrl.cli.build_parser(); "
             "import zmqrl.roles.learner, zmqrl.roles.proxy, zmqrl.roles.actor, zmqrl.roles.evaluator, "
-            "zmqrl.roles.local, zmqrl.bookkeeping; "
+            "zmqrl.roles.local, zmqrl.run.bookkeeping; "
             "sys.exit('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"torch imported at startup of a role or the launcher\n{done.stderr}"
@@ -301,7 +301,7 @@ def test_the_learners_adam_matches_torch_and_skips_the_compiler() -> None:
 
 _EARLY_SIGNAL_SCRIPT = r'''
 import os, signal, sys
-from zmqrl.lifecycle import StopFlag, catch_stop_signals_early, ignore_stop_signals
+from zmqrl.run.lifecycle import StopFlag, catch_stop_signals_early, ignore_stop_signals
 catch_stop_signals_early()
 os.kill(os.getpid(), signal.SIGTERM)  # while "starting": remembered, not fatal
 with StopFlag() as stop:
@@ -404,7 +404,7 @@ def test_a_launcher_signalled_while_starting_or_returning_exits_with_its_own_cod
 _TRAIN_SIGNALLED_AFTER_ITS_LOOP = r'''
 import os, signal, sys
 from zmqrl import cli
-from zmqrl.lifecycle import StopFlag
+from zmqrl.run.lifecycle import StopFlag
 
 sys.argv = ["zmqrl", *sys.argv[1:]]
 if os.environ.get("ZMQRL_TEST_CONTROL"):  # train as any other command: only its handler while it trains

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from zmqrl import config as config_mod
-from zmqrl.acting import make_task
 from zmqrl.agents.base import resolve_backend
 from zmqrl.agents.dqn.agent import DQNPolicy
 from zmqrl.agents.dqn.config import DQNConfig as AgentConfig
 from zmqrl.agents.dqn.numpy_policy import NumpyMLPPolicy
 from zmqrl.config import ConfigError
+from zmqrl.run.acting import make_task
 
 OBS = gym.spaces.Box(-5, 5, (6,), np.float32)
 ACT = gym.spaces.Discrete(3)
@@ -69,7 +69,7 @@ def test_backend_choice() -> None:
 
 def test_actor_and_evaluator_roles_do_not_import_torch() -> None:
     code = ("import sys; import zmqrl.roles.actor, zmqrl.roles.evaluator, zmqrl.roles.proxy; "
-            "from zmqrl import config; from zmqrl.acting import make_task; "
+            "from zmqrl import config; from zmqrl.run.acting import make_task; "
             "cfg = config.load('configs/cartpole_dqn.yaml'); "
             "make_task(cfg).policy(0, backend=cfg.actor.backend); "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")

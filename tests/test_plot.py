@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from zmqrl import cli, config
-from zmqrl.api import run_local
-from zmqrl.plot import AXES, aggregate, plot_runs, read_run
-from zmqrl.rundir import RunDirError
-from zmqrl.train import train
+from zmqrl.run.rundir import RunDirError
+from zmqrl.run.train import train
+from zmqrl.tools.api import run_local
+from zmqrl.tools.plot import AXES, aggregate, plot_runs, read_run
 
 pytestmark = pytest.mark.timeout(180)
 

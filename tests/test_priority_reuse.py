@@ -16,12 +16,12 @@ import pytest
 
 from procs import REPO
 from zmqrl import config
-from zmqrl.acting import ActingLoop, make_task
 from zmqrl.agents.base import constant
 from zmqrl.config import Config
 from zmqrl.core import ReusesActingValues
 from zmqrl.replay import NStepBuilder
 from zmqrl.replay.nstep import ENV, FIRST_VALUES
+from zmqrl.run.acting import ActingLoop, make_task
 
 KEYS = ("obs", "action", "reward", "next_obs", "discount")
 EXPLORE = constant("epsilon", 0.3)

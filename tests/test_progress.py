@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from zmqrl.record import Progress, format_duration, run_table
+from zmqrl.run.record import Progress, format_duration, run_table
 
 pytestmark = pytest.mark.timeout(180)
 

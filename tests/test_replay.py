@@ -382,7 +382,7 @@ def test_replay_files_with_a_binary_tree_still_load(tmp_path: Path) -> None:
 def test_replay_values_report_stored_priorities_and_clamps() -> None:
     """The learner's and ``zmqrl train``'s TensorBoard scalars of replay: size, and for prioritized
     replay the largest and mean stored priority and the count of clamped raw priorities."""
-    from zmqrl.bookkeeping import replay_values
+    from zmqrl.run.bookkeeping import replay_values
 
     uniform = UniformReplay(10, seed=0)
     uniform.add(make_batch(0, 4))

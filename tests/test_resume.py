@@ -22,12 +22,13 @@ import pytest
 import torch
 
 from procs import role_env, wait_for
-from zmqrl import checkpoint, config
-from zmqrl.acting import STATE_FILE as ENV_STATE_FILE
-from zmqrl.bookkeeping import REPLAY_FILE
-from zmqrl.checkpoint import CheckpointError
+from zmqrl import config
 from zmqrl.config import Config
-from zmqrl.train import train
+from zmqrl.run import checkpoint
+from zmqrl.run.acting import STATE_FILE as ENV_STATE_FILE
+from zmqrl.run.bookkeeping import REPLAY_FILE
+from zmqrl.run.checkpoint import CheckpointError
+from zmqrl.run.train import train
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT = ["trainer.warmup=100", "trainer.eval_interval=50", "trainer.eval_episodes=2", "trainer.record_interval=50",

@@ -23,8 +23,8 @@ import pytest
 import zmq
 
 from zmqrl import config
+from zmqrl.cli.keys import register
 from zmqrl.config import ConfigError, NetConfig
-from zmqrl.keys_cli import register
 from zmqrl.roles.common import auth_counts, free_port, new_context, options, read_json, security_from_net
 from zmqrl.wire import (
     BATCH,

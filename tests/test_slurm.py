@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from procs import REPO, log_tail, pids_with_arg, read_json, wait_for
-from zmqrl import checkpoint
 from zmqrl.roles.common import free_port
+from zmqrl.run import checkpoint
 
 pytestmark = pytest.mark.slurm
 

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from zmqrl import checkpoint, config
+from zmqrl import config
 from zmqrl.agents.base import linear
 from zmqrl.config import Config
-from zmqrl.train import train
+from zmqrl.run import checkpoint
+from zmqrl.run.train import train
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_RUN = ["trainer.max_opts=300", "trainer.warmup=200", "trainer.eval_interval=100", "trainer.save_interval=100",

@@ -1,6 +1,6 @@
 """zmqrl: distributed off-policy reinforcement learning on ZeroMQ.
 
-The Python API (:mod:`zmqrl.api`): ``load_config``, ``run_train``, ``run_local``, ``load_policy``,
+The Python API (:mod:`zmqrl.tools.api`): ``load_config``, ``run_train``, ``run_local``, ``load_policy``,
 ``plot_runs`` and the errors ``ConfigError`` and ``CheckpointError``. Each loads on first use,
 so ``import zmqrl`` imports neither torch nor gymnasium.
 """
@@ -13,15 +13,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {  # attribute -> the module that defines it
-    "load_config": "zmqrl.api",
-    "run_train": "zmqrl.api",
-    "run_local": "zmqrl.api",
-    "load_policy": "zmqrl.api",
-    "TrainedPolicy": "zmqrl.enjoy",
-    "plot_runs": "zmqrl.plot",
+    "load_config": "zmqrl.tools.api",
+    "run_train": "zmqrl.tools.api",
+    "run_local": "zmqrl.tools.api",
+    "load_policy": "zmqrl.tools.api",
+    "TrainedPolicy": "zmqrl.tools.enjoy",
+    "plot_runs": "zmqrl.tools.plot",
     "Config": "zmqrl.config",
     "ConfigError": "zmqrl.config",
-    "CheckpointError": "zmqrl.checkpoint",
+    "CheckpointError": "zmqrl.run.checkpoint",
 }
 __all__ = ["__version__", *_LAZY]
 

@@ -22,8 +22,8 @@ from zmqrl.bench.harness import (
     median,
     save_arrays,
 )
-from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import options, read_json
+from zmqrl.run.lifecycle import StopFlag
 from zmqrl.wire import BATCH, SocketOptions, encode_model, make_socket, peek_header, send_frames
 
 CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml", "pong_dqn.yaml")
@@ -107,9 +107,9 @@ def measure(c: Context, path: Path) -> Row:
     """
     import torch
 
-    from zmqrl.acting import make_task
     from zmqrl.roles.actor import Actor
     from zmqrl.roles.fit import task_signature
+    from zmqrl.run.acting import make_task
 
     s = c.settings
     torch.set_num_threads(1)

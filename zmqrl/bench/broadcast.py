@@ -22,8 +22,8 @@ from zmqrl.bench.harness import (
     make_row,
     median,
 )
-from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import limits, options
+from zmqrl.run.lifecycle import StopFlag
 from zmqrl.wire import (
     MODEL,
     SocketOptions,
@@ -44,7 +44,7 @@ def _hidden_for(nbytes: int) -> int:
 
 def modelsub(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     """Helper process: subscribe like an actor (CONFLATE, drain_latest_model) and time publish -> load_params."""
-    from zmqrl.acting import make_task
+    from zmqrl.run.acting import make_task
 
     base = child_config(p)
 
@@ -84,7 +84,7 @@ def run(c: Context) -> list[Row]:
     """Publish (params + encode + send) -> applied with load_params in a subscriber process: median and p90."""
     import torch
 
-    from zmqrl.acting import make_task
+    from zmqrl.run.acting import make_task
     from zmqrl.wire import encode_model
 
     s = c.settings

@@ -28,9 +28,9 @@ def _measure(c: Context, device: str, batch_size: int, pinned: bool, reps: int) 
     """(sampled-batch opt steps/s, fixed-batch opt steps/s, config name) on ``device``."""
     import torch
 
-    from zmqrl.acting import make_task
     from zmqrl.agents.staging import BatchStager
-    from zmqrl.bookkeeping import make_replay_from
+    from zmqrl.run.acting import make_task
+    from zmqrl.run.bookkeeping import make_replay_from
 
     path = c.configs(CONFIG)[0]
     cfg = load_config(path, f"replay.capacity={POOL}", f"agent.batch_size={batch_size}", "env.num_envs=8")

@@ -5,7 +5,7 @@ it imports none of them and names no algorithm: each group picks its own configs
 
 Processes are started as the launchers' :class:`~zmqrl.roles.supervise.Role` (own session,
 one thread, a log file, SIGTERM should the bench die) and stopped with its staged stop;
-results come back through :func:`zmqrl.checkpoint.write_json_atomic` and
+results come back through :func:`zmqrl.run.checkpoint.write_json_atomic` and
 :func:`zmqrl.roles.common.read_json`. Helper processes are ``python -c`` children running
 :func:`child_main`, which calls a function named ``module:name`` of a group module; they import
 numpy, pyzmq, the config and :mod:`zmqrl.wire` (torch only where a policy is needed), so they
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zmqrl.checkpoint import write_json_atomic
-from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import free_port, read_json
 from zmqrl.roles.supervise import Role, RoleSpec, stop_roles
+from zmqrl.run.checkpoint import write_json_atomic
+from zmqrl.run.lifecycle import StopFlag
 
 if TYPE_CHECKING:
     import numpy as np
@@ -497,7 +497,7 @@ def transition_pool(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]
     """``n`` real n-step transitions of the configured env under a uniform random policy, as actors build them."""
     import numpy as np
 
-    from zmqrl.envs import VectorStepper, make_vector_env
+    from zmqrl.envs.factory import VectorStepper, make_vector_env
     from zmqrl.replay import NStepBuilder
 
     stepper = VectorStepper(make_vector_env(cfg.env, cfg.env.num_envs, seed), seed)

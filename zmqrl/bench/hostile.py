@@ -36,8 +36,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import zmq
 
-from zmqrl.checkpoint import write_json_atomic
 from zmqrl.roles.common import new_context, options, read_json
+from zmqrl.run.checkpoint import write_json_atomic
 from zmqrl.wire import (
     BATCH,
     EVAL,
@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m zmqrl.bench.hostile CONFIG --run-dir RUN --seconds N ...``; 0 once the time is up or on
     SIGTERM, 2 for bad arguments or config, 1 when the job's endpoints never appeared."""
     from zmqrl.config import ConfigError, load
-    from zmqrl.lifecycle import StopFlag
+    from zmqrl.run.lifecycle import StopFlag
 
     parser = argparse.ArgumentParser(prog="python -m zmqrl.bench.hostile", description=HELP)
     add_arguments(parser)

@@ -37,9 +37,9 @@ from zmqrl.bench.harness import (
     save_arrays,
     transition_pool,
 )
-from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import limits, options, read_json
 from zmqrl.roles.fit import Allowance
+from zmqrl.run.lifecycle import StopFlag
 from zmqrl.wire import (
     BATCH,
     MODEL,
@@ -297,8 +297,8 @@ def sac_update_row(c: Context) -> Row:
 
 def _sampling_task(path: Path) -> tuple[Any, Any, Any]:
     """(config, replay holding 20k real transitions of its env, the task that makes its agents) for ``path``."""
-    from zmqrl.acting import make_task
-    from zmqrl.bookkeeping import make_replay_from
+    from zmqrl.run.acting import make_task
+    from zmqrl.run.bookkeeping import make_replay_from
 
     cfg = load_config(path)
     task = make_task(cfg)

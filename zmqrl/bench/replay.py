@@ -43,7 +43,7 @@ def _register_noise_frames() -> None:
 
 def run(c: Context) -> list[Row]:
     """Bytes per stored transition for the config's env and for stacked Atari-sized frames (configured replay)."""
-    from zmqrl.bookkeeping import make_replay_from
+    from zmqrl.run.bookkeeping import make_replay_from
 
     path = c.configs(CONFIG)[0]
     cfg = load_config(path)
@@ -87,7 +87,7 @@ def _atari_row(c: Context) -> Row:
     frames held, measured here per transition over a stream of real games (random actions through
     the shipped config's ``atari`` chain and n-step builder).
     """
-    from zmqrl.bookkeeping import make_replay_from
+    from zmqrl.run.bookkeeping import make_replay_from
 
     path = c.configs(ATARI_CONFIG)[0]
     cfg = load_config(path, f"replay.capacity={ATARI_CAPACITY}", "env.num_envs=8")

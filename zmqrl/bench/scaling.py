@@ -59,7 +59,7 @@ def bare_rate(path: Path, seconds: float) -> float:
     """Env steps/s of actor 0's acting loop of config ``path`` (envs, policy, n-step builder) in this process."""
     import torch
 
-    from zmqrl.acting import ActingLoop, make_task
+    from zmqrl.run.acting import ActingLoop, make_task
 
     torch.set_num_threads(1)
     cfg = load_config(path)

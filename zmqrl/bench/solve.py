@@ -29,8 +29,8 @@ from zmqrl.bench.harness import (
     zmqrl_argv,
 )
 from zmqrl.config import Config
-from zmqrl.plot import read_scalars
 from zmqrl.roles.common import read_json
+from zmqrl.tools.plot import read_scalars
 
 CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml")
 SB3_GOAL = 0.5  # zmqrl local's median takes at most this share of SB3's median wall time

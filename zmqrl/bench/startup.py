@@ -7,7 +7,7 @@ from pathlib import Path
 
 from zmqrl.bench.harness import Context, Procs, Row, make_row, median, zmqrl_argv
 from zmqrl.roles.common import read_json
-from zmqrl.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE
+from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE
 
 CONFIG = "cartpole_dqn.yaml"
 GOAL_S = 3.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from zmqrl.bench.harness import Context, Row, Settings, error_row
 from zmqrl.bench.registry import GROUPS, group
-from zmqrl.checkpoint import write_json_atomic
+from zmqrl.run.checkpoint import write_json_atomic
 
 log = logging.getLogger("zmqrl")
 
@@ -84,7 +84,7 @@ def format_table(rows: Sequence[Row]) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """The ``zmqrl bench`` entry point: run, print the table, write ``--json``; 1 if a measurement failed."""
-    from zmqrl.record import setup_logging
+    from zmqrl.run.record import setup_logging
 
     setup_logging("warning", "bench")
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"

@@ -24,8 +24,8 @@ from zmqrl.bench.harness import (
     median,
     zmqrl_argv,
 )
-from zmqrl.lifecycle import StopFlag
 from zmqrl.roles.common import options
+from zmqrl.run.lifecycle import StopFlag
 from zmqrl.wire import (
     BATCH,
     BUNDLE,

@@ -12,7 +12,7 @@ waking ZeroMQ's I/O thread for each message costs more than the rest of the send
 that go out together are assembled with one concatenation per field; priorities come from the
 values the policy computed when acting, where its algorithm can reuse them (a policy that is a
 :class:`~zmqrl.core.ReusesActingValues`: no forward pass of their own, see
-:class:`~zmqrl.acting.ActingLoop`), else from one forward pass per batch (of
+:class:`~zmqrl.run.acting.ActingLoop`), else from one forward pass per batch (of
 ``obs`` and ``next_obs`` together); and a header is filled into a template
 (:class:`~zmqrl.wire.sockets.BatchEncoder`) rather than built and checked anew.
 """
@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zmqrl.acting import ActingLoop, make_task
 from zmqrl.config import Config
-from zmqrl.lifecycle import StopFlag, seed_everything
 from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, Allowance, learner_done, load_if_fits, task_signature
+from zmqrl.run.acting import ActingLoop, make_task
+from zmqrl.run.lifecycle import StopFlag, seed_everything
 from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
     MODEL,

@@ -20,7 +20,7 @@ from zmqrl.config import Config, ConfigError
 from zmqrl.roles.common import free_port
 from zmqrl.roles.local import config_args, require_resumable
 from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
-from zmqrl.rundir import FIRST_UPDATE_FILE
+from zmqrl.run.rundir import FIRST_UPDATE_FILE
 
 log = logging.getLogger("zmqrl")
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import zmq
 
-from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import ConfigError, NetConfig
+from zmqrl.run.checkpoint import write_json_atomic
 from zmqrl.wire import Limits, SecureContext, Security, SecurityError, SocketOptions, send_frames
 from zmqrl.wire.monitor import note_origin
 

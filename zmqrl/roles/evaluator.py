@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zmqrl import checkpoint
-from zmqrl.acting import make_task
 from zmqrl.config import Config
-from zmqrl.envs import GreedyEvaluator
-from zmqrl.lifecycle import StopFlag, seed_everything
+from zmqrl.envs.factory import GreedyEvaluator
 from zmqrl.roles.admission import MAC_KEY, TOKEN_ENV, TOKEN_FILE, eval_token, report_mac
 from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
+from zmqrl.run import checkpoint
+from zmqrl.run.acting import make_task
+from zmqrl.run.lifecycle import StopFlag, seed_everything
 from zmqrl.wire import (
     EVAL,
     MODEL,

@@ -14,9 +14,9 @@ from typing import Any
 
 import gymnasium as gym
 
-from zmqrl.acting import Task
 from zmqrl.config import to_dict
 from zmqrl.core import Policy
+from zmqrl.run.acting import Task
 from zmqrl.wire import Message, VersionTracker
 
 EXIT_CONFIG_MISMATCH = 2

@@ -30,20 +30,8 @@ import numpy as np
 import zmq
 
 from zmqrl import __version__
-from zmqrl.acting import make_task
-from zmqrl.bookkeeping import (
-    Bookkeeper,
-    make_replay_from,
-    prepare_run_dir,
-    read_resume_point,
-    replay_values,
-    require_checkpoint,
-)
-from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config
 from zmqrl.core import Agent
-from zmqrl.lifecycle import StopFlag, seed_everything
-from zmqrl.record import print_run_table
 from zmqrl.roles.admission import EvalAdmission
 from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, read_json
 from zmqrl.roles.fit import task_signature
@@ -52,7 +40,19 @@ from zmqrl.roles.peers import PeerAccounts, episodes
 from zmqrl.roles.proxy import PROXY_QUEUE
 from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
 from zmqrl.roles.supervise import restart_counts
-from zmqrl.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE
+from zmqrl.run.acting import make_task
+from zmqrl.run.bookkeeping import (
+    Bookkeeper,
+    make_replay_from,
+    prepare_run_dir,
+    read_resume_point,
+    replay_values,
+    require_checkpoint,
+)
+from zmqrl.run.checkpoint import write_json_atomic
+from zmqrl.run.lifecycle import StopFlag, seed_everything
+from zmqrl.run.record import print_run_table
+from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE
 from zmqrl.wire import (
     BATCH,
     EVAL,

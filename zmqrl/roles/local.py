@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zmqrl import checkpoint
-from zmqrl.checkpoint import write_json_atomic
 from zmqrl.config import Config, ConfigError
-from zmqrl.record import print_run_table
 from zmqrl.roles.common import free_port, read_json
 from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
-from zmqrl.rundir import FIRST_UPDATE_FILE
+from zmqrl.run import checkpoint
+from zmqrl.run.checkpoint import write_json_atomic
+from zmqrl.run.record import print_run_table
+from zmqrl.run.rundir import FIRST_UPDATE_FILE
 
 log = logging.getLogger("zmqrl")
 

@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from zmqrl import checkpoint
-from zmqrl.checkpoint import write_json_atomic
-from zmqrl.lifecycle import take_early_stop_signal
-from zmqrl.record import Progress
 from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, read_json
+from zmqrl.run import checkpoint
+from zmqrl.run.checkpoint import write_json_atomic
+from zmqrl.run.lifecycle import take_early_stop_signal
+from zmqrl.run.record import Progress
 
 log = logging.getLogger("zmqrl")
 

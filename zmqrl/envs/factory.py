@@ -8,7 +8,7 @@ episode end) and the ``terminated``/``truncated`` flags, so no transition crosse
 boundary and truncation can bootstrap.
 
 For exact resumes, :func:`capture_vector` takes the state of a vector env as plain data (see
-:func:`zmqrl.checkpoint.is_plain`) and :func:`restore_vector` puts it back into a freshly made
+:func:`zmqrl.run.checkpoint.is_plain`) and :func:`restore_vector` puts it back into a freshly made
 one. gymnasium has no state API and pickling an env rebuilds it from its constructor arguments,
 so each sub-env's wrapper chain is walked instead: attributes that are plain data, every
 ``numpy.random.Generator`` (its bit generator's state), the RNGs of spaces, enum members, and
@@ -33,10 +33,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from zmqrl import atari
-from zmqrl.atari import GAME_LENGTH, GAME_RETURN, GameStats
-from zmqrl.checkpoint import is_plain, plain_copy
 from zmqrl.config import ConfigError, EnvConfig
+from zmqrl.envs import atari
+from zmqrl.envs.atari import GAME_LENGTH, GAME_RETURN, GameStats
+from zmqrl.run.checkpoint import is_plain, plain_copy
 
 
 def _atari(env: gym.Env, cfg: EnvConfig) -> gym.Env:
@@ -90,11 +90,11 @@ def _resolve_wrapper(name: str) -> Callable[[gym.Env, EnvConfig], gym.Env]:
 
 def register_namespace(env_id: str) -> None:
     """Register the envs of packages gymnasium does not load on its own: ``ALE/...`` (ale-py)
-    and ``zmqrl/...`` (:mod:`zmqrl.catch`)."""
+    and ``zmqrl/...`` (:mod:`zmqrl.envs.catch`)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
         atari.register()
     elif env_id.startswith("zmqrl/"):
-        import zmqrl.catch  # noqa: F401  (registers on import)
+        import zmqrl.envs.catch  # noqa: F401  (registers on import)
 
 
 def make_env(cfg: EnvConfig, training: bool = True) -> gym.Env:

@@ -53,4 +53,4 @@ class Catch(gym.Env[np.ndarray, np.int64]):
         return np.repeat(self._obs()[0][:, :, None], 3, axis=2)
 
 
-gym.register("zmqrl/Catch-v0", entry_point="zmqrl.catch:Catch")
+gym.register("zmqrl/Catch-v0", entry_point="zmqrl.envs.catch:Catch")

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.checkpoint import CheckpointError, load_policy_params, policy_file
 from zmqrl.config import Config, ConfigError
-from zmqrl.rundir import checkpoint_dir, run_config
+from zmqrl.run.checkpoint import CheckpointError, load_policy_params, policy_file
+from zmqrl.run.rundir import checkpoint_dir, run_config
 
 
 @dataclass
@@ -48,7 +48,7 @@ class TrainedPolicy:
     """
 
     def __init__(self, run_dir: str | Path, checkpoint: str | int = "best", backend: str = "auto") -> None:
-        from zmqrl.acting import make_task
+        from zmqrl.run.acting import make_task
 
         self.run_dir = Path(run_dir)
         self.cfg: Config = run_config(self.run_dir)
@@ -123,7 +123,7 @@ class TrainedPolicy:
     def _env(self, video_dir: str | Path | None) -> Any:
         import gymnasium as gym
 
-        from zmqrl.envs import make_env
+        from zmqrl.envs.factory import make_env
 
         if video_dir is None:
             return make_env(self.cfg.env, training=False)
@@ -144,7 +144,7 @@ def load_policy(run_dir: str | Path, checkpoint: str | int = "best", backend: st
     """The greedy policy of checkpoint ``best``, ``latest`` or N of a run directory.
 
     Raises :class:`~zmqrl.config.ConfigError` for a path that is not a run directory (or a bad
-    checkpoint name) and :class:`~zmqrl.checkpoint.CheckpointError` for a missing or unreadable
+    checkpoint name) and :class:`~zmqrl.run.checkpoint.CheckpointError` for a missing or unreadable
     checkpoint, each naming the path.
     """
     return TrainedPolicy(run_dir, checkpoint, backend)

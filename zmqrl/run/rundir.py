@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from zmqrl import checkpoint
-from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config, ConfigError, load
+from zmqrl.run import checkpoint
+from zmqrl.run.checkpoint import CheckpointError
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"

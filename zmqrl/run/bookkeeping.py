@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zmqrl import checkpoint
 from zmqrl.config import Config, ConfigError, dump, to_flat_dict
 from zmqrl.core import Agent
-from zmqrl.record import Progress, TensorBoardRecorder
 from zmqrl.replay import make_replay
+from zmqrl.run import checkpoint
+from zmqrl.run.record import Progress, TensorBoardRecorder
 
 if TYPE_CHECKING:
     import torch

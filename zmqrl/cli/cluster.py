@@ -10,7 +10,7 @@ from pathlib import Path
 
 from zmqrl import config as config_mod
 from zmqrl.config import Config
-from zmqrl.record import setup_logging
+from zmqrl.run.record import setup_logging
 
 Handlers = dict[str, Callable[[argparse.Namespace], int]]
 
@@ -69,7 +69,7 @@ def cmd_host(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from zmqrl.status import show
+    from zmqrl.tools.status import show
 
     logging.basicConfig(level=logging.WARNING)
     return show(args.run_dir, watch=args.watch, interval_s=args.interval)

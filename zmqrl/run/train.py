@@ -3,7 +3,7 @@
 The loop is border's ``Trainer``: step the envs, turn steps into n-step transitions, and once
 ``trainer.warmup`` transitions are stored, run one optimisation step every
 ``trainer.opt_interval`` transitions. Evaluation, checkpoints, records and the summary come
-from :class:`zmqrl.bookkeeping.Bookkeeper`, shared with the learner.
+from :class:`zmqrl.run.bookkeeping.Bookkeeper`, shared with the learner.
 
 A run stopped by SIGINT/SIGTERM finishes its optimisation step, writes ``checkpoints/latest``
 and exits; ``--resume`` continues it exactly (the same parameters as a run never stopped) when
@@ -23,10 +23,12 @@ from typing import Any
 
 import torch
 
-from zmqrl.acting import STATE_FILE as ENV_STATE_FILE
-from zmqrl.acting import ActingLoop, make_task
 from zmqrl.agents.torch_util import flush_denormals, resolve_device
-from zmqrl.bookkeeping import (
+from zmqrl.config import Config
+from zmqrl.envs.factory import GreedyEvaluator
+from zmqrl.run.acting import STATE_FILE as ENV_STATE_FILE
+from zmqrl.run.acting import ActingLoop, make_task
+from zmqrl.run.bookkeeping import (
     Bookkeeper,
     ResumePoint,
     make_replay_from,
@@ -35,11 +37,9 @@ from zmqrl.bookkeeping import (
     replay_values,
     require_checkpoint,
 )
-from zmqrl.checkpoint import CheckpointError
-from zmqrl.config import Config
-from zmqrl.envs import GreedyEvaluator
-from zmqrl.lifecycle import StopFlag, seed_everything
-from zmqrl.record import print_run_table
+from zmqrl.run.checkpoint import CheckpointError
+from zmqrl.run.lifecycle import StopFlag, seed_everything
+from zmqrl.run.record import print_run_table
 
 log = logging.getLogger("zmqrl")
 

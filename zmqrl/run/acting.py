@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from zmqrl import checkpoint
 from zmqrl.agents import algorithm
 from zmqrl.agents.base import Algorithm, ArraySpec, Exploration
-from zmqrl.checkpoint import CheckpointError
 from zmqrl.config import Config
 from zmqrl.core import ReusesActingValues
-from zmqrl.envs import Step, VectorStepper, capture_object, make_vector_env, plan_restore, spaces
+from zmqrl.envs.factory import Step, VectorStepper, capture_object, make_vector_env, plan_restore, spaces
 from zmqrl.replay import NStepBuilder
 from zmqrl.replay.nstep import ENV, FIRST_VALUES
+from zmqrl.run import checkpoint
+from zmqrl.run.checkpoint import CheckpointError
 
 if TYPE_CHECKING:
     from zmqrl.core import Agent, Params, Policy

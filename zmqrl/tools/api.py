@@ -2,7 +2,7 @@
 
 The same functions the command line uses, with the same errors: a bad key, value or file is a
 :class:`~zmqrl.config.ConfigError`, an unreadable checkpoint a
-:class:`~zmqrl.checkpoint.CheckpointError`, each naming what is wrong. Everything is reachable
+:class:`~zmqrl.run.checkpoint.CheckpointError`, each naming what is wrong. Everything is reachable
 from the package (``zmqrl.load_config``, ``zmqrl.run_train``, ``zmqrl.run_local``,
 ``zmqrl.load_policy``, ``zmqrl.plot_runs``) without importing torch until it is needed::
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from zmqrl import config as config_mod
 from zmqrl.config import Config, ConfigError
-from zmqrl.enjoy import TrainedPolicy, load_policy
+from zmqrl.tools.enjoy import TrainedPolicy, load_policy
 
 __all__ = ["load_config", "run_train", "run_local", "load_policy", "TrainedPolicy"]
 
@@ -41,7 +41,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 def _logging_for(cfg: Config) -> None:
     """Log lines (progress, evaluations, the end table) when the caller has set up no logging."""
     if not logging.getLogger().handlers:
-        from zmqrl.record import setup_logging
+        from zmqrl.run.record import setup_logging
 
         setup_logging(cfg.run.log_level)
 
@@ -52,7 +52,7 @@ def run_train(cfg: Config, run_dir: str | Path | None = None, resume: bool = Fal
     The run directory is ``run_dir``, else ``cfg.run.run_dir``, else ``runs/<name>-<time>``; it is
     stored in ``cfg.run.run_dir``. ``resume`` continues from its ``checkpoints/latest``.
     """
-    from zmqrl.train import train as train_in_process
+    from zmqrl.run.train import train as train_in_process
 
     _logging_for(cfg)
     return train_in_process(cfg, run_dir, resume=resume)
@@ -78,7 +78,7 @@ def run_local(cfg: Config, actors: int = 2, run_dir: str | Path | None = None,
         config_path = Path(tmp) / "config.yaml"
         config_mod.dump(cfg, config_path)
         code = launch(cfg, str(config_path), [], actors, str(path), evaluator=evaluator)
-    from zmqrl.rundir import read_summary
+    from zmqrl.run.rundir import read_summary
 
     summary = read_summary(path)
     if code != 0 or summary is None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.rundir import RunDirError, raw_config, read_summary, require_run_dir
+from zmqrl.run.rundir import RunDirError, raw_config, read_summary, require_run_dir
 
 AXES = {"env_steps": "env steps", "wall_s": "wall-clock time (s)", "opt_steps": "optimisation steps"}
 IGNORED_FOR_GROUPING = {("run", "seed"), ("run", "name"), ("run", "run_dir")}  # what tells seeds apart

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from zmqrl.lifecycle import catch_stop_signals_early, ignore_stop_signals
+from zmqrl.run.lifecycle import catch_stop_signals_early, ignore_stop_signals
 
 ROLE_COMMANDS = ("learner", "proxy", "actor", "evaluator")  # processes that launchers start and stop
 LAUNCHER_COMMANDS = ("local", "head", "host")  # processes that start and stop roles
@@ -30,10 +30,10 @@ if __name__ == "__main__" and _role_process(None):  # ``python -m zmqrl.cli ROLE
     catch_stop_signals_early()  # before the imports below (0.2 s), in which a stop signal would kill it
 
 from zmqrl import config as config_mod  # noqa: E402
-from zmqrl.checkpoint import CheckpointError  # noqa: E402
 from zmqrl.config import Config, ConfigError  # noqa: E402
-from zmqrl.record import setup_logging  # noqa: E402
 from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, endpoint  # noqa: E402
+from zmqrl.run.checkpoint import CheckpointError  # noqa: E402
+from zmqrl.run.record import setup_logging  # noqa: E402
 from zmqrl.wire import SocketSetupError  # noqa: E402
 
 log = logging.getLogger("zmqrl")
@@ -52,7 +52,7 @@ def _load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from zmqrl.train import train
+    from zmqrl.run.train import train
 
     cfg = _load(args)
     summary = train(cfg, args.run_dir, resume=args.resume)
@@ -119,7 +119,7 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
-    from zmqrl.cluster_cli import config_from_run_dir
+    from zmqrl.cli.cluster import config_from_run_dir
     from zmqrl.roles.local import run_local
 
     config_from_run_dir(args)
@@ -185,22 +185,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     p.add_argument("--no-evaluator", action="store_true", help="run without the evaluator")
     p.add_argument("--resume", action="store_true", help="continue the run in RUN_DIR from checkpoints/latest "
                                                          "(CONFIG defaults to RUN_DIR/config.yaml)")
-    from zmqrl.cluster_cli import add_supervision_args
-    from zmqrl.cluster_cli import register as register_cluster
+    from zmqrl.cli.cluster import add_supervision_args
+    from zmqrl.cli.cluster import register as register_cluster
 
     add_supervision_args(p)
     handlers["local"] = cmd_local
     register_cluster(sub, handlers)
     from zmqrl.bench.soak import register as register_soak
-    from zmqrl.keys_cli import register as register_keygen
+    from zmqrl.cli.keys import register as register_keygen
 
     register_keygen(sub, handlers)
     register_soak(sub, handlers)
     from zmqrl.bench import register as register_bench
 
     register_bench(sub, handlers)
-    from zmqrl import config_cli, enjoy, plot
-
+    from zmqrl.cli import config as config_cli
+    from zmqrl.tools import enjoy, plot
     for module in (plot, enjoy, config_cli):
         module.register(sub, handlers)
     return parser, handlers
