@@ -8,14 +8,12 @@ It starts real processes (proxy, sinks, feeders, ``zmqrl local`` and ``zmqrl tra
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zmqrl import bench
-from zmqrl.agents import ALGORITHMS
+from zmqrl.agents.registry import ALGORITHMS
 from zmqrl.bench import harness, learner, registry, solve
 from zmqrl.roles.common import free_port, read_json
 from zmqrl.wire import SocketOptions, encode_model, make_socket, new_incarnation
@@ -68,14 +66,14 @@ def positive_finite(value: Any) -> bool:
 # --- command line -------------------------------------------------------------------------------
 
 
-def test_register_adds_the_bench_subcommand() -> None:
-    parser = argparse.ArgumentParser(prog="zmqrl")
-    sub = parser.add_subparsers(dest="command", required=True)
-    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
-    bench.register(sub, handlers)
+def test_the_bench_subcommand_takes_its_flags() -> None:
+    from zmqrl.cli import bench as bench_cli
+    from zmqrl.cli.app import build_parser
+
+    parser, handlers = build_parser()
     args = parser.parse_args(["bench", "--only", "actor,replay", "--only", "solve", "--json", "out.json",
                               "--quick", "--seeds", "2", "--sb3", "--sb3-python", "/x/python"])
-    assert handlers["bench"] is bench.cmd_bench
+    assert handlers["bench"] is bench_cli.run_bench
     assert args.only == ["actor,replay", "solve"] and args.json == "out.json"
     assert args.quick and args.seeds == 2 and args.sb3 and args.sb3_python == "/x/python"
 

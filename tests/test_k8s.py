@@ -23,7 +23,7 @@ import yaml
 
 from procs import REPO
 from zmqrl import config as config_mod
-from zmqrl.cli import build_parser
+from zmqrl.cli.app import build_parser
 from zmqrl.wire.security import keygen
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (dev extras)")

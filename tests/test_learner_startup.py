@@ -227,7 +227,7 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_al
 
 
 def test_roles_and_the_launcher_do_not_import_torch() -> None:
-    code = ("import sys, zmqrl.cli; zmqrl.cli.build_parser(); "
+    code = ("import sys, zmqrl.cli.app; zmqrl.cli.app.build_parser(); "
             "import zmqrl.roles.learner, zmqrl.roles.proxy, zmqrl.roles.actor, zmqrl.roles.evaluator, "
             "zmqrl.roles.local, zmqrl.run.bookkeeping; "
             "sys.exit('torch' in sys.modules)")

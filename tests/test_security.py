@@ -6,7 +6,6 @@ learner, proxy and two actors as processes with ``net.security=curve``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -23,7 +22,7 @@ import pytest
 import zmq
 
 from zmqrl import config
-from zmqrl.cli.keys import register
+from zmqrl.cli.app import build_parser
 from zmqrl.config import ConfigError, NetConfig
 from zmqrl.roles.common import auth_counts, free_port, new_context, options, read_json, security_from_net
 from zmqrl.wire import (
@@ -107,10 +106,7 @@ def net(keys: Path, **kw: Any) -> NetConfig:
 
 def test_keygen_command_writes_private_pair_and_refuses_overwrite(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser(prog="zmqrl")
-    sub = parser.add_subparsers(dest="command", required=True)
-    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
-    register(sub, handlers)
+    parser, handlers = build_parser()
 
     def run(*argv: str) -> int:
         args = parser.parse_args(list(argv))

@@ -2,7 +2,7 @@
 
 An algorithm is a folder ``zmqrl/agents/<algo>/`` whose ``__init__.py`` (which must not import
 torch) defines ``ALGORITHM``, an instance of a subclass of :class:`Algorithm`, and one line in
-:data:`zmqrl.agents.ALGORITHMS`. Roles, the single-process trainer, the bookkeeping and the
+:data:`zmqrl.agents.registry.ALGORITHMS`. Roles, the single-process trainer, the bookkeeping and the
 bench call only these methods; none of them names an algorithm.
 
 What an algorithm provides:

@@ -38,7 +38,6 @@ solve              time to the config's stop return: ``zmqrl local`` vs ``train`
 
 from zmqrl.bench.harness import Row, Settings, make_row, skipped_row
 from zmqrl.bench.registry import GROUPS
-from zmqrl.bench.suite import cmd_bench, format_table, main, register, run_suite
+from zmqrl.bench.suite import cmd_bench, format_table, main, run_suite
 
-__all__ = ["GROUPS", "Row", "Settings", "cmd_bench", "format_table", "main", "make_row", "register", "run_suite",
-           "skipped_row"]
+__all__ = ["GROUPS", "Row", "Settings", "cmd_bench", "format_table", "main", "make_row", "run_suite", "skipped_row"]

@@ -693,13 +693,6 @@ def hostile_soak(args: argparse.Namespace, cfg: Any, argv: list[str], run_dir: P
     return HostileSoak(argv, run_dir, expected, duration, args.interval_s, quiet, client)
 
 
-def register(sub: argparse._SubParsersAction, handlers: dict) -> None:
-    """Add the ``soak`` subcommand to the ``zmqrl`` parser and its handler to ``handlers``."""
-    p = sub.add_parser("soak", help=HELP[0].lower() + HELP[1:-1], description=HELP)
-    add_arguments(p)
-    handlers["soak"] = cmd_soak
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m zmqrl.bench.soak CONFIG --minutes N ...`` (the same as ``zmqrl soak``)."""
     from zmqrl.config import ConfigError

@@ -113,11 +113,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if any(r.note.startswith("error:") for r in rows) else 0
 
 
-def register(sub: argparse._SubParsersAction, handlers: dict[str, Callable[[argparse.Namespace], int]]) -> None:
-    """Add the ``bench`` subcommand to a ``zmqrl`` parser's subparsers and its handler to ``handlers``."""
-    p = sub.add_parser("bench", help="measure the performance goals side by side with their baselines",
-                       description="Measure each performance goal next to its baseline in one run and print a table "
-                                   f"(name, measured, baseline, ratio, goal, met). Names: {', '.join(GROUPS)}.")
+HELP = "measure the performance goals side by side with their baselines"
+DESCRIPTION = ("Measure each performance goal next to its baseline in one run and print a table (name, measured, "
+               f"baseline, ratio, goal, met). Names: {', '.join(GROUPS)}.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``zmqrl bench``'s flags."""
     p.add_argument("--only", action="append", metavar="NAME[,NAME...]", help="run only these groups (repeatable)")
     p.add_argument("--json", metavar="FILE", help="also write the rows as a JSON list to FILE")
     p.add_argument("--quick", action="store_true", help="shorter measurements, one seed")
@@ -134,14 +136,10 @@ def register(sub: argparse._SubParsersAction, handlers: dict[str, Callable[[argp
     p.add_argument("--config", metavar="FILE",
                    help="measure with this config instead of each group's own (see the groups' notes)")
     p.add_argument("--keep", metavar="DIR", help="keep every run directory and process log under DIR")
-    handlers["bench"] = cmd_bench
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m zmqrl.bench [options]``: the same as ``zmqrl bench``."""
-    parser = argparse.ArgumentParser(prog="zmqrl")
-    sub = parser.add_subparsers(dest="command", required=True)
-    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
-    register(sub, handlers)
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    return handlers["bench"](args)
+    parser = argparse.ArgumentParser(prog="zmqrl bench", description=DESCRIPTION)
+    add_arguments(parser)
+    return cmd_bench(parser.parse_args(sys.argv[1:] if argv is None else argv))

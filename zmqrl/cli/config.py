@@ -17,12 +17,12 @@ import sys
 import textwrap
 import tokenize
 import typing
-from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 import yaml
 
+from zmqrl.cli.common import Command
 from zmqrl.config import AgentConfig, Config, ConfigError
 
 
@@ -88,7 +88,7 @@ def section_keys(cls: type) -> list[Key]:
 
 def sections(algo: str = "dqn") -> dict[str, type]:
     """Section name -> dataclass, with ``agent`` the section of ``algo``."""
-    from zmqrl.agents import algorithm
+    from zmqrl.agents.registry import algorithm
 
     hints = typing.get_type_hints(Config)
     out: dict[str, type] = {}
@@ -126,7 +126,7 @@ def render(selected: dict[str, type]) -> str:
 
 def algorithms() -> list[tuple[str, str]]:
     """Every registered algorithm with the first line of its ``agent:`` docstring (or why it cannot load)."""
-    from zmqrl.agents import ALGORITHMS, algorithm
+    from zmqrl.agents.registry import ALGORITHMS, algorithm
 
     out = []
     for name in ALGORITHMS:
@@ -139,7 +139,7 @@ def algorithms() -> list[tuple[str, str]]:
 
 def reference(algo: str | None = None, everything: bool = False) -> str:
     """The text ``zmqrl config [ALGO] [--all]`` prints."""
-    from zmqrl.agents import ALGORITHMS
+    from zmqrl.agents.registry import ALGORITHMS
 
     if algo is not None and algo not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algo!r}; known: {', '.join(ALGORITHMS)}")
@@ -173,12 +173,11 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-             handlers: dict[str, Callable[[argparse.Namespace], int]]) -> None:
-    """Add the ``config`` subcommand to ``sub`` and its handler to ``handlers``."""
-    p = sub.add_parser("config", help="list every config key with its default, type and meaning",
-                       description="Print every config key with its default, type and one-line meaning, as YAML "
-                                   "(the defaults); with ALGO, the agent: section of that algorithm.")
+def config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("algo", nargs="?", metavar="ALGO", help="an algorithm (agent.algo): list its agent: section")
     p.add_argument("--all", action="store_true", help="with ALGO: every section, with that algorithm's agent:")
-    handlers["config"] = cmd_config
+
+
+COMMANDS = [Command("config", "list every config key with its default, type and meaning", config_args, cmd_config,
+                    "Print every config key with its default, type and one-line meaning, as YAML (the defaults); "
+                    "with ALGO, the agent: section of that algorithm.")]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
+from zmqrl.cli.common import Command
 from zmqrl.wire.security import CLIENTS_DIR, SecurityError, keygen
 
 
@@ -23,17 +23,15 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-             handlers: dict[str, Callable[[argparse.Namespace], int]]) -> None:
-    """Add the ``keygen`` subcommand to ``sub`` and its handler to ``handlers``."""
-    p = sub.add_parser("keygen", help="make a CurveZMQ key pair for net.security: curve",
-                       description="Write DIR/NAME.key (public) and DIR/NAME.key_secret (secret, mode 0600). "
-                                   "Servers (learner, proxies) use the pair named by net.server_key; clients use "
-                                   "net.client_key (default: the server pair). Servers admit the public keys in "
-                                   f"DIR/{CLIENTS_DIR}/ plus their own.")
+def keygen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", metavar="DIR", help="key directory (net.keys_dir); created if missing")
     p.add_argument("--name", default="server", help="key pair name (default: server)")
     p.add_argument("--client", action="store_true",
                    help=f"also copy the public key to DIR/{CLIENTS_DIR}/ so servers admit it")
     p.add_argument("--force", action="store_true", help="replace an existing key pair of that name")
-    handlers["keygen"] = cmd_keygen
+
+
+COMMANDS = [Command("keygen", "make a CurveZMQ key pair for net.security: curve", keygen_args, cmd_keygen,
+                    "Write DIR/NAME.key (public) and DIR/NAME.key_secret (secret, mode 0600). Servers (learner, "
+                    "proxies) use the pair named by net.server_key; clients use net.client_key (default: the server "
+                    f"pair). Servers admit the public keys in DIR/{CLIENTS_DIR}/ plus their own.")]

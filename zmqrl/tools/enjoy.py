@@ -10,9 +10,7 @@ numbered one. Episodes run one at a time in a single env (episode ``i`` resets w
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -148,38 +146,3 @@ def load_policy(run_dir: str | Path, checkpoint: str | int = "best", backend: st
     checkpoint, each naming the path.
     """
     return TrainedPolicy(run_dir, checkpoint, backend)
-
-
-def cmd_enjoy(args: argparse.Namespace) -> int:
-    try:
-        policy = load_policy(args.run_dir, args.checkpoint, backend=args.backend)
-        print(policy.describe())
-
-        def show(i: int, ret: float, length: int) -> None:
-            print(f"episode {i + 1:>3}: return {ret:8.1f}  length {length}", flush=True)
-
-        played = policy.play(args.episodes, args.seed, args.video, on_episode=show)
-    except (ConfigError, CheckpointError) as exc:
-        print(f"zmqrl enjoy: {exc}", file=sys.stderr)
-        return 2
-    print(played.describe() + f"; seeds {args.seed}..{args.seed + args.episodes - 1}")
-    for video in played.videos:
-        print(f"video: {video}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-             handlers: dict[str, Callable[[argparse.Namespace], int]]) -> None:
-    """Add the ``enjoy`` subcommand to ``sub`` and its handler to ``handlers``."""
-    p = sub.add_parser("enjoy", help="watch or re-evaluate a trained agent: greedy episodes from a checkpoint",
-                       description="Play greedy episodes with the policy of one checkpoint of a run directory "
-                                   "(any algorithm), print each return and the mean ± std; --video records MP4s.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by zmqrl train or zmqrl local")
-    p.add_argument("--checkpoint", default="best", metavar="best|latest|N",
-                   help="which checkpoint: best (default), latest, or N optimisation steps")
-    p.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="episode i resets with seed S+i (default 0)")
-    p.add_argument("--video", metavar="DIR", help="write one MP4 per episode into DIR (needs moviepy)")
-    p.add_argument("--backend", default="auto", choices=("auto", "numpy", "torch"),
-                   help="policy forward: auto (numpy for MLPs), numpy or torch")
-    handlers["enjoy"] = cmd_enjoy

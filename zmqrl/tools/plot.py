@@ -12,10 +12,8 @@ each seed.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,37 +243,3 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, x: str = "env_steps",
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
     return groups
-
-
-def _mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{np.mean(values):.1f}" if len(values) == 1 else f"{np.mean(values):.1f} ± {np.std(values):.1f}"
-
-
-def cmd_plot(args: argparse.Namespace) -> int:
-    try:
-        groups = plot_runs(args.run_dirs, args.out, x=args.x, title=args.title)
-    except RunDirError as exc:
-        print(f"zmqrl plot: {exc}", file=sys.stderr)
-        return 2
-    for g in groups:
-        print(f"{g.label}: final eval {_mean_std(g.stats['final_eval'])}, best eval {_mean_std(g.stats['best_eval'])}"
-              f"  [{', '.join(str(r.path) for r in g.runs)}]")
-    print(f"wrote {args.out}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-             handlers: dict[str, Callable[[argparse.Namespace], int]]) -> None:
-    """Add the ``plot`` subcommand to ``sub`` and its handler to ``handlers``."""
-    p = sub.add_parser("plot", help="learning curves of one or more runs as a PNG",
-                       description="Draw evaluation and training returns of run directories into an image. Runs "
-                                   "whose config.yaml differ only in run.seed/run.name/run.run_dir are one group, "
-                                   "drawn as mean ± std over seeds.")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (zmqrl train / zmqrl local)")
-    p.add_argument("--out", default="curves.png", metavar="FILE.png",
-                   help="image to write (default curves.png; the suffix picks the format: .png, .svg, .pdf)")
-    p.add_argument("--x", default="env_steps", choices=tuple(AXES), help="x axis (default env_steps)")
-    p.add_argument("--title", help="figure title (default: the env ids)")
-    handlers["plot"] = cmd_plot

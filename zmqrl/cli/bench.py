@@ -1,0 +1,42 @@
+"""``zmqrl bench`` (the performance goals) and ``zmqrl soak`` (a job run for a while, optionally under attack)."""
+
+from __future__ import annotations
+
+import argparse
+
+from zmqrl.bench.registry import GROUPS
+from zmqrl.cli.common import Command
+
+
+def bench_args(p: argparse.ArgumentParser) -> None:
+    from zmqrl.bench.suite import add_arguments
+
+    add_arguments(p)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from zmqrl.bench.suite import cmd_bench
+
+    return cmd_bench(args)
+
+
+def soak_args(p: argparse.ArgumentParser) -> None:
+    from zmqrl.bench.soak import add_arguments
+
+    add_arguments(p)
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    from zmqrl.bench.soak import cmd_soak
+
+    return cmd_soak(args)
+
+
+COMMANDS = [
+    Command("bench", "measure the performance goals side by side with their baselines", bench_args, run_bench,
+            "Measure each performance goal next to its baseline in one run and print a table (name, measured, "
+            f"baseline, ratio, goal, met). Names: {', '.join(GROUPS)}."),
+    Command("soak", "run a distributed job for a while and report every role's memory growth", soak_args, run_soak,
+            "Run a distributed job for a while and report every role's memory growth; with --hostile, while a "
+            "hostile client sends each kind of bad message, what was refused and what honest throughput was kept."),
+]
