@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from zmqrl import cli, config
-from zmqrl.agents.registry import ALGORITHMS, algorithm
+from zmqrl.agents.base import algorithm
+from zmqrl.agents.registry import ALGORITHMS
 from zmqrl.cli.config import field_descriptions, type_name
 from zmqrl.config import AgentConfig, Config
 

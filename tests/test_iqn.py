@@ -23,6 +23,7 @@ import yaml
 from procs import REPO, Procs, log_tail, read_json, zmqrl_argv
 from zmqrl import cli
 from zmqrl import config as config_mod
+from zmqrl.agents.base import algorithm
 from zmqrl.agents.dqn.networks import NatureCNNQNetwork
 from zmqrl.agents.iqn import ALGORITHM as IQN_ALGO
 from zmqrl.agents.iqn.agent import IQNAgent, IQNPolicy, quantile_huber_loss
@@ -30,7 +31,6 @@ from zmqrl.agents.iqn.config import IQNConfig
 from zmqrl.agents.iqn.networks import IQNNetwork, cosine_features
 from zmqrl.agents.iqn.numpy_policy import NumpyIQNPolicy, midpoint_taus
 from zmqrl.agents.iqn.numpy_policy import cosine_features as np_cosine_features
-from zmqrl.agents.registry import algorithm
 from zmqrl.config import ConfigError
 from zmqrl.run.acting import make_task
 

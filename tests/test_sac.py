@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from zmqrl import config
-from zmqrl.agents.base import resolve_backend
-from zmqrl.agents.registry import algorithm
+from zmqrl.agents.base import algorithm, resolve_backend
 from zmqrl.agents.sac import SAC
 from zmqrl.agents.sac.agent import SACAgent, SACPolicy, squash_log_prob
 from zmqrl.agents.sac.config import SACConfig
@@ -603,7 +602,7 @@ def test_backend_choice() -> None:
 def test_numpy_actor_process_never_imports_torch() -> None:
     code = ("import sys, numpy as np, gymnasium as gym\n"
             "from zmqrl import config\n"
-            "from zmqrl.agents.registry import algorithm\n"
+            "from zmqrl.agents.base import algorithm\n"
             "cfg = config.from_dict({'env': {'id': 'Pendulum-v1'}, 'agent': {'algo': 'sac'},\n"
             "                        'trainer': {'warmup': 256}})\n"
             "alg = algorithm('sac')\n"

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
+from zmqrl.agents import registry
 from zmqrl.config import AgentConfig, Config, ConfigError
 
 if TYPE_CHECKING:
@@ -205,3 +206,8 @@ def apex_epsilon(eps: float, alpha: float, index: int, num_actors: int) -> float
     if num_actors <= 1:
         return eps
     return float(eps ** (1.0 + alpha * index / (num_actors - 1)))
+
+
+def algorithm(name: str) -> Algorithm:
+    """The algorithm registered as ``name`` (:mod:`zmqrl.agents.registry`)."""
+    return registry.entry(name)  # type: ignore[no-any-return]

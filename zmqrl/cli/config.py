@@ -88,7 +88,7 @@ def section_keys(cls: type) -> list[Key]:
 
 def sections(algo: str = "dqn") -> dict[str, type]:
     """Section name -> dataclass, with ``agent`` the section of ``algo``."""
-    from zmqrl.agents.registry import algorithm
+    from zmqrl.agents.base import algorithm
 
     hints = typing.get_type_hints(Config)
     out: dict[str, type] = {}
@@ -126,7 +126,8 @@ def render(selected: dict[str, type]) -> str:
 
 def algorithms() -> list[tuple[str, str]]:
     """Every registered algorithm with the first line of its ``agent:`` docstring (or why it cannot load)."""
-    from zmqrl.agents.registry import ALGORITHMS, algorithm
+    from zmqrl.agents.base import algorithm
+    from zmqrl.agents.registry import ALGORITHMS
 
     out = []
     for name in ALGORITHMS:

@@ -61,9 +61,9 @@ class AgentConfig:
 
 def agent_config_class(algo: str) -> type[AgentConfig]:
     """The ``agent:`` dataclass of an algorithm (looked up in the registry, torch-free)."""
-    from zmqrl.agents.registry import algorithm
+    from zmqrl.agents.registry import config_class
 
-    return algorithm(algo).config_class
+    return config_class(algo)
 
 
 def _default_agent() -> AgentConfig:

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.agents.base import Algorithm, ArraySpec, Exploration
-from zmqrl.agents.registry import algorithm
+from zmqrl.agents.base import Algorithm, ArraySpec, Exploration, algorithm
 from zmqrl.config import Config
 from zmqrl.core import ReusesActingValues
 from zmqrl.envs.factory import Step, VectorStepper, capture_object, make_vector_env, plan_restore, spaces
