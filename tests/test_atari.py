@@ -8,7 +8,9 @@ import pytest
 from zmqrl.config import ConfigError, EnvConfig
 from zmqrl.envs.atari import AtariFrames, EpisodicLife, GameStats, resize_area
 from zmqrl.envs.catch import Catch
-from zmqrl.envs.factory import GreedyEvaluator, VectorStepper, make_env, make_vector_env
+from zmqrl.envs.evaluator import GreedyEvaluator
+from zmqrl.envs.factory import make_env, make_vector_env
+from zmqrl.envs.stepper import VectorStepper
 
 pytest.importorskip("ale_py")
 

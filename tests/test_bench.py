@@ -24,8 +24,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zmqrl import bench
-from zmqrl.agents.registry import ALGORITHMS
 from zmqrl.bench import harness, learner, registry, solve
+from zmqrl.config.algorithms import ALGORITHMS
 from zmqrl.roles.common import free_port, read_json
 from zmqrl.wire import SocketOptions, encode_model, make_socket, new_incarnation
 

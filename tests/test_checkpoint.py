@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from zmqrl.envs import state
 from zmqrl.run import checkpoint
 from zmqrl.run.checkpoint import AGENT_FILE, STATE_FILE, CheckpointError
 
@@ -417,13 +418,13 @@ def test_tree_round_trip_keeps_types(tmp_path: Path) -> None:
 
 def test_plain_copy_copies_arrays_and_refuses_objects() -> None:
     array = np.zeros(3)
-    copied = checkpoint.plain_copy({"a": [array]})
+    copied = state.plain_copy({"a": [array]})
     array[0] = 1.0
     assert copied["a"][0][0] == 0.0
     for bad in (object(), {"a": [np.array([object()])]}, {1: 2}, b"bytes"):
-        assert not checkpoint.is_plain(bad)
+        assert not state.is_plain(bad)
         with pytest.raises(TypeError, match="not plain data"):
-            checkpoint.plain_copy(bad)
+            state.plain_copy(bad)
 
 
 def test_write_tree_names_what_is_not_plain(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ import yaml
 
 from zmqrl import cli, config
 from zmqrl.agents.base import algorithm
-from zmqrl.agents.registry import ALGORITHMS
 from zmqrl.cli.config import field_descriptions, type_name
 from zmqrl.config import AgentConfig, Config
+from zmqrl.config.algorithms import ALGORITHMS
 
 LINE = re.compile(r"^  (\w+): (.*?)  +# (\S.*?)  +(\S.*)$")  # key: default  # type  description
 SAC = importlib.util.find_spec("zmqrl.agents.sac") is not None

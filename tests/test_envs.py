@@ -14,7 +14,10 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from zmqrl.config import ConfigError, EnvConfig
-from zmqrl.envs.factory import GreedyEvaluator, VectorStepper, capture_object, make_env, make_vector_env, spaces
+from zmqrl.envs.evaluator import GreedyEvaluator
+from zmqrl.envs.factory import make_env, make_vector_env, spaces
+from zmqrl.envs.state import capture_object
+from zmqrl.envs.stepper import VectorStepper
 from zmqrl.run import checkpoint
 
 

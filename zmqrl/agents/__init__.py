@@ -1,2 +1,2 @@
 """Learning algorithms behind one seam (:mod:`zmqrl.agents.base`), reached by name through
-:mod:`zmqrl.agents.registry`; one folder per algorithm (``dqn/``, ``iqn/``, ``sac/``)."""
+:mod:`zmqrl.config.algorithms`; one folder per algorithm (``dqn/``, ``iqn/``, ``sac/``)."""

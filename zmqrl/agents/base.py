@@ -2,7 +2,7 @@
 
 An algorithm is a folder ``zmqrl/agents/<algo>/`` whose ``__init__.py`` (which must not import
 torch) defines ``ALGORITHM``, an instance of a subclass of :class:`Algorithm`, and one line in
-:data:`zmqrl.agents.registry.ALGORITHMS`. Roles, the single-process trainer, the bookkeeping and the
+:data:`zmqrl.config.algorithms.ALGORITHMS`. Roles, the single-process trainer, the bookkeeping and the
 bench call only these methods; none of them names an algorithm.
 
 What an algorithm provides:
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.agents import registry
 from zmqrl.config import AgentConfig, Config, ConfigError
+from zmqrl.config import algorithms as registry
 
 if TYPE_CHECKING:
     from zmqrl.core import Agent, Params, Policy
@@ -209,5 +209,5 @@ def apex_epsilon(eps: float, alpha: float, index: int, num_actors: int) -> float
 
 
 def algorithm(name: str) -> Algorithm:
-    """The algorithm registered as ``name`` (:mod:`zmqrl.agents.registry`)."""
+    """The algorithm registered as ``name`` (:mod:`zmqrl.config.algorithms`)."""
     return registry.entry(name)  # type: ignore[no-any-return]

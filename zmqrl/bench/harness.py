@@ -497,7 +497,8 @@ def transition_pool(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]
     """``n`` real n-step transitions of the configured env under a uniform random policy, as actors build them."""
     import numpy as np
 
-    from zmqrl.envs.factory import VectorStepper, make_vector_env
+    from zmqrl.envs.factory import make_vector_env
+    from zmqrl.envs.stepper import VectorStepper
     from zmqrl.replay import NStepBuilder
 
     stepper = VectorStepper(make_vector_env(cfg.env, cfg.env.num_envs, seed), seed)

@@ -127,7 +127,7 @@ def render(selected: dict[str, type]) -> str:
 def algorithms() -> list[tuple[str, str]]:
     """Every registered algorithm with the first line of its ``agent:`` docstring (or why it cannot load)."""
     from zmqrl.agents.base import algorithm
-    from zmqrl.agents.registry import ALGORITHMS
+    from zmqrl.config.algorithms import ALGORITHMS
 
     out = []
     for name in ALGORITHMS:
@@ -140,7 +140,7 @@ def algorithms() -> list[tuple[str, str]]:
 
 def reference(algo: str | None = None, everything: bool = False) -> str:
     """The text ``zmqrl config [ALGO] [--all]`` prints."""
-    from zmqrl.agents.registry import ALGORITHMS
+    from zmqrl.config.algorithms import ALGORITHMS
 
     if algo is not None and algo not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algo!r}; known: {', '.join(ALGORITHMS)}")

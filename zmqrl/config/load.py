@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import yaml
 
-from zmqrl.agents.registry import ALGORITHMS
+from zmqrl.config.algorithms import ALGORITHMS
 from zmqrl.config.schema import (
     CHOICE_KEYS,
     NON_NEGATIVE_KEYS,

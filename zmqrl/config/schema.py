@@ -3,7 +3,7 @@
 The same schema checks YAML files, command-line overrides, the resolved ``config.yaml`` written
 to the run directory and the hyperparameter table in TensorBoard (:mod:`zmqrl.config.load`). A
 leaf: algorithms import :class:`AgentConfig` from here, and an algorithm's own ``agent:`` section
-is found by name in :mod:`zmqrl.agents.registry`, which imports nothing of zmqrl.
+is found by name in :mod:`zmqrl.config.algorithms`, which imports nothing of zmqrl.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class AgentConfig:
     name its own keys (without ``agent.``) for the range checks.
     """
 
-    algo: str = "dqn"  # the algorithm: a name from `zmqrl config` (zmqrl.agents.registry.ALGORITHMS)
+    algo: str = "dqn"  # the algorithm: a name from `zmqrl config` (zmqrl.config.algorithms.ALGORITHMS)
     gamma: float = 0.99  # discount factor
     n_step: int = 3  # n-step returns
     batch_size: int = 64  # transitions per optimisation step
@@ -61,7 +61,7 @@ class AgentConfig:
 
 def agent_config_class(algo: str) -> type[AgentConfig]:
     """The ``agent:`` dataclass of an algorithm (looked up in the registry, torch-free)."""
-    from zmqrl.agents.registry import config_class
+    from zmqrl.config.algorithms import config_class
 
     return config_class(algo)
 

@@ -17,7 +17,7 @@ import numpy as np
 import zmq
 
 from zmqrl.config import Config
-from zmqrl.envs.factory import GreedyEvaluator
+from zmqrl.envs.evaluator import GreedyEvaluator
 from zmqrl.roles.admission import MAC_KEY, TOKEN_ENV, TOKEN_FILE, eval_token, report_mac
 from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature

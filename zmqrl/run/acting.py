@@ -24,7 +24,9 @@ import numpy as np
 from zmqrl.agents.base import Algorithm, ArraySpec, Exploration, algorithm
 from zmqrl.config import Config
 from zmqrl.core import ReusesActingValues
-from zmqrl.envs.factory import Step, VectorStepper, capture_object, make_vector_env, plan_restore, spaces
+from zmqrl.envs.factory import make_vector_env, spaces
+from zmqrl.envs.state import capture_object, plan_restore
+from zmqrl.envs.stepper import Step, VectorStepper
 from zmqrl.replay import NStepBuilder
 from zmqrl.replay.nstep import ENV, FIRST_VALUES
 from zmqrl.run import checkpoint

@@ -294,41 +294,6 @@ def _read_state(directory: Path) -> dict[str, Any]:
     return state
 
 
-def is_plain(value: Any) -> bool:
-    """Whether ``value`` is plain data :func:`write_tree` can store: None, bools, numbers, strings,
-    numpy arrays and scalars (no object dtype), and lists, tuples, deques and str-keyed dicts of those."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if isinstance(value, (np.ndarray, np.generic)):
-        return not value.dtype.hasobject
-    if isinstance(value, (list, tuple, collections.deque)):
-        return all(is_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and is_plain(v) for k, v in value.items())
-    return False
-
-
-def plain_copy(value: Any) -> Any:
-    """A deep copy of plain data (arrays copied too); TypeError for anything else."""
-    if not is_plain(value):
-        raise TypeError(f"{type(value).__name__} is not plain data")
-    return _copy_plain(value)
-
-
-def _copy_plain(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    if isinstance(value, list):
-        return [_copy_plain(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_copy_plain(v) for v in value)
-    if isinstance(value, collections.deque):
-        return collections.deque((_copy_plain(v) for v in value), maxlen=value.maxlen)
-    if isinstance(value, dict):
-        return {k: _copy_plain(v) for k, v in value.items()}
-    return value  # immutable: None, bool, int, float, str, numpy scalar
-
-
 def _encode(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     """JSON for ``value``; arrays go to ``arrays`` and are referenced by name."""
     if value is None or isinstance(value, (bool, int, float, str)):

@@ -25,7 +25,7 @@ import torch
 
 from zmqrl.agents.torch_util import flush_denormals, resolve_device
 from zmqrl.config import Config
-from zmqrl.envs.factory import GreedyEvaluator
+from zmqrl.envs.evaluator import GreedyEvaluator
 from zmqrl.run.acting import STATE_FILE as ENV_STATE_FILE
 from zmqrl.run.acting import ActingLoop, make_task
 from zmqrl.run.bookkeeping import (

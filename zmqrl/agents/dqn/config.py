@@ -12,7 +12,7 @@ from zmqrl.config import AgentConfig
 class DQNConfig(AgentConfig):
     """Double, dueling, n-step DQN with Huber loss and clipped gradients (Ape-X's learner)."""
 
-    algo: str = "dqn"  # the algorithm: a name from `zmqrl config` (zmqrl.agents.registry.ALGORITHMS)
+    algo: str = "dqn"  # the algorithm: a name from `zmqrl config` (zmqrl.config.algorithms.ALGORITHMS)
     network: str = "mlp"  # mlp (vector observations) or nature_cnn (image observations)
     hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP layer sizes
     dueling: bool = True  # dueling value/advantage heads

@@ -12,7 +12,7 @@ from zmqrl.config import AgentConfig
 class IQNConfig(AgentConfig):
     """Implicit quantile networks (Dabney et al. 2018): quantile Huber loss over sampled fractions tau."""
 
-    algo: str = "iqn"  # the algorithm: a name from `zmqrl config` (zmqrl.agents.registry.ALGORITHMS)
+    algo: str = "iqn"  # the algorithm: a name from `zmqrl config` (zmqrl.config.algorithms.ALGORITHMS)
     network: str = "mlp"  # mlp (vector observations) or nature_cnn (image observations; head of 512 as published)
     hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP torso layer sizes: the state features
     head_hidden: list[int] = field(default_factory=lambda: [64])  # MLP layers between the merge and the outputs

@@ -12,7 +12,7 @@ from zmqrl.config import AgentConfig
 class SACConfig(AgentConfig):
     """Soft actor-critic: twin critics, tanh-squashed Gaussian actor, automatic entropy tuning."""
 
-    algo: str = "sac"  # the algorithm: a name from `zmqrl config` (zmqrl.agents.registry.ALGORITHMS)
+    algo: str = "sac"  # the algorithm: a name from `zmqrl config` (zmqrl.config.algorithms.ALGORITHMS)
     n_step: int = 1  # n-step returns (1 is SAC as published)
     batch_size: int = 256  # transitions per optimisation step
     hidden: list[int] = field(default_factory=lambda: [256, 256])  # MLP layer sizes of the actor and each critic
