@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from zmqrl.bench.harness import alive as pid_alive  # noqa: F401  (re-exported for the tests)
 from zmqrl.bench.harness import cmdline, kill_pids, pids_with_arg  # noqa: F401
-from zmqrl.roles.common import read_json  # noqa: F401  (re-exported for the tests)
+from zmqrl.run.rundir import read_json  # noqa: F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"

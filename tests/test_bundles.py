@@ -20,9 +20,10 @@ import pytest
 import zmq
 from test_hardening import cartpole_batch, in_process_learner, ingest_until
 
-from procs import Procs, read_json, wait_for
+from procs import Procs, wait_for
 from zmqrl.roles.common import free_port
 from zmqrl.roles.learner import Learner
+from zmqrl.run.rundir import read_json
 from zmqrl.wire import (
     BATCH,
     BUNDLE,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from zmqrl.envs import state
-from zmqrl.run import checkpoint
+from zmqrl.run import checkpoint, rundir
 from zmqrl.run.checkpoint import AGENT_FILE, STATE_FILE, CheckpointError
 
 
@@ -374,18 +374,18 @@ def test_invalid_state_json_names_it(tmp_path: Path, content: str) -> None:
 
 def test_write_json_atomic(tmp_path: Path) -> None:
     path = tmp_path / "summary.json"
-    checkpoint.write_json_atomic(path, {"b": 1, "a": [1.5, None], "n": np.float32(0.5)})
+    rundir.write_json_atomic(path, {"b": 1, "a": [1.5, None], "n": np.float32(0.5)})
     assert json.loads(path.read_text()) == {"a": [1.5, None], "b": 1, "n": 0.5}
-    checkpoint.write_json_atomic(path, {"second": True})
+    rundir.write_json_atomic(path, {"second": True})
     assert json.loads(path.read_text()) == {"second": True}
     assert listing(tmp_path) == ["summary.json"]  # no temporary file left behind
 
 
 def test_write_json_atomic_failure_keeps_old_file_and_leaves_no_temp(tmp_path: Path) -> None:
     path = tmp_path / "summary.json"
-    checkpoint.write_json_atomic(path, {"ok": 1})
+    rundir.write_json_atomic(path, {"ok": 1})
     with pytest.raises(TypeError):
-        checkpoint.write_json_atomic(path, {"bad": object()})
+        rundir.write_json_atomic(path, {"bad": object()})
     assert json.loads(path.read_text()) == {"ok": 1}
     assert listing(tmp_path) == ["summary.json"]  # the half-written temporary file is cleaned up
 

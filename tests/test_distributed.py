@@ -32,17 +32,8 @@ from zmqrl.tools.enjoy import load_policy
 from zmqrl.wire import BATCH, BUNDLE, STATS, Limits, WireError, decode, unbundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import (  # noqa: E402
-    Proc,
-    Procs,
-    cmdline,
-    log_tail,
-    pid_alive,
-    pids_with_arg,
-    read_json,
-    wait_for,
-    zmqrl_argv,
-)
+from procs import Proc, Procs, cmdline, log_tail, pid_alive, pids_with_arg, wait_for, zmqrl_argv  # noqa: E402
+from zmqrl.run.rundir import read_json
 
 SEED = "run.seed=7"
 GOT_MODEL = re.compile(r"got model version (\d+) after ([0-9.]+)s")

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import zmq
 
-from procs import Proc, Procs, read_json, wait_for
+from procs import Proc, Procs, wait_for
 from zmqrl.roles.common import free_port
+from zmqrl.run.rundir import read_json
 from zmqrl.wire import encode
 
 FAST = ["net.stats_interval_s=0.5", "trainer.warmup=200", "trainer.stop_return=null", "trainer.max_opts=10000000",

@@ -9,7 +9,7 @@ import pytest
 
 from zmqrl.config import load as load_config
 from zmqrl.replay import FramePool, NStepBuilder, UniformReplay, make_replay
-from zmqrl.run.bookkeeping import make_replay_from
+from zmqrl.run.startup import make_replay_from
 
 STACK, SIDE, ENVS, N_STEP = 4, 12, 3, 3
 

@@ -23,12 +23,13 @@ import numpy as np
 import pytest
 import zmq
 
-from procs import Procs, read_json, role_env, wait_for, zmqrl_argv
+from procs import Procs, role_env, wait_for, zmqrl_argv
 from zmqrl.agents.base import apex_epsilon
 from zmqrl.config import Config, ConfigError
 from zmqrl.roles.common import free_port
 from zmqrl.roles.learner import Learner
 from zmqrl.run.acting import make_task
+from zmqrl.run.rundir import read_json
 from zmqrl.wire import BATCH, MODEL, encode, new_incarnation, pack
 
 pytestmark = pytest.mark.timeout(180)
@@ -106,9 +107,9 @@ def test_an_absurd_priority_is_clamped_and_counted_and_sampling_stays_proportion
         push.send_multipart(frames("actor-0", 0, cartpole_batch(64, 0, priority=1e30)))
         push.send_multipart(frames("actor-0", 1, cartpole_batch(64, 1, priority=1.0)))
         push.send_multipart(frames("actor-0", 2, cartpole_batch(64, 2, priority=float("inf"))))
-        ingest_until(learner, lambda: learner.batches == 2 and learner.writer.rejected == 1)
+        ingest_until(learner, lambda: learner.batches == 2 and learner.receiver.rejected["values"] == 1)
         replay = learner.replay
-        assert replay.priorities_clamped == 64 and replay.priorities_rejected == 64 and len(replay) == 128
+        assert replay.priorities_clamped == 64 and len(replay) == 128
         counts = np.bincount(replay.sample(4096)["indices"] // 64, minlength=2)
         # the clamped batch has priority cap (1e6) vs 1.0: nearly every draw is from it, and the tree
         # total is finite, so draws spread over its 64 items instead of sticking to index 0

@@ -22,7 +22,7 @@ import pytest
 import torch
 import zmq
 
-from procs import Procs, read_json, wait_for
+from procs import Procs, wait_for
 from zmqrl.config import Config
 from zmqrl.replay import make_replay
 from zmqrl.roles.admission import MAC_KEY, TOKEN_FILE, report_mac
@@ -30,7 +30,9 @@ from zmqrl.roles.common import free_port
 from zmqrl.roles.ingest import FRAME_SLACK, FRAMES_PER_ITEM, ReplayWriter
 from zmqrl.roles.learner import Learner
 from zmqrl.run.acting import make_task
-from zmqrl.run.bookkeeping import EVAL_HISTORY, Bookkeeper, make_replay_from
+from zmqrl.run.bookkeeping import EVAL_HISTORY, Bookkeeper
+from zmqrl.run.rundir import read_json
+from zmqrl.run.startup import make_replay_from
 from zmqrl.wire import (
     BATCH,
     EVAL,

@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from procs import REPO, Procs, log_tail, read_json, zmqrl_argv
+from procs import REPO, Procs, log_tail, zmqrl_argv
 from zmqrl import cli
 from zmqrl import config as config_mod
 from zmqrl.agents.base import algorithm
@@ -33,6 +33,7 @@ from zmqrl.agents.iqn.numpy_policy import NumpyIQNPolicy, midpoint_taus
 from zmqrl.agents.iqn.numpy_policy import cosine_features as np_cosine_features
 from zmqrl.config import ConfigError
 from zmqrl.run.acting import make_task
+from zmqrl.run.rundir import read_json
 
 CARTPOLE_IQN = REPO / "configs" / "cartpole_iqn.yaml"
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)

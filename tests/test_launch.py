@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from netns import Lan, unavailable_reason
-from procs import REPO, Proc, Procs, log_tail, pids_with_arg, read_json, wait_for
+from procs import REPO, Proc, Procs, log_tail, pids_with_arg, wait_for
 from zmqrl.roles.common import free_port
+from zmqrl.run.rundir import read_json
 
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 LAUNCH = REPO / "launch"

@@ -26,10 +26,11 @@ import pytest
 import zmq
 
 from zmqrl.config import Config
-from zmqrl.roles.common import free_port, read_json
+from zmqrl.roles.common import free_port
 from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner
 from zmqrl.run.acting import make_task
 from zmqrl.run.lifecycle import StopFlag
+from zmqrl.run.rundir import read_json
 from zmqrl.wire import BATCH, MODEL, Limits, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
@@ -183,7 +184,7 @@ def test_models_carry_the_start_up_quota_while_torch_loads_and_an_allowance_once
     assert not runner.is_alive() and learner.book.opt_steps == 60
 
 
-def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_alone(
+def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_refused_alone(
         tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = cartpole_cfg("run.log_level=warning")
     learner = make_learner(cfg, tmp_path / "run")
@@ -191,9 +192,9 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_al
     adds: list[int] = []
     real_add = learner.replay.add
 
-    def counting_add(batch: Any, priorities: Any = None) -> Any:
+    def counting_add(batch: Any, priorities: Any = None, max_new_frames: Any = None) -> Any:
         adds.append(len(batch["reward"]))
-        return real_add(batch, priorities=priorities)
+        return real_add(batch, priorities=priorities, max_new_frames=max_new_frames)
 
     monkeypatch.setattr(learner.replay, "add", counting_add)
     push = zctx.socket(zmq.PUSH)
@@ -201,7 +202,7 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_al
     push.connect(learner.endpoints["data"])
     good = [transitions(64, seed=i) for i in range(4)]
     nan = transitions(64, seed=9)
-    nan["priority"][5] = np.nan  # same fields as the good ones: only trying the add finds it out
+    nan["priority"][5] = np.nan  # same fields as the good ones: the value check refuses it, the others go on
     wide = transitions(64, seed=10, obs_dim=5)  # does not fit the replay's schema
     try:
         for seq, arrays in enumerate([good[0], good[1], good[2], nan, good[3], wide]):
@@ -213,9 +214,10 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_rejected_al
                 assert adds == [3 * 64], f"three batches that arrived together were not one add: {adds}"
         time.sleep(0.3)
         assert learner.ingest(timeout=1.0) == 64
-        assert adds[1:] == [2 * 64, 64, 64], adds  # joined, then each on its own: nan fails, good[3] goes in
-        # the wide batch never reaches replay: the batch spec refuses it first
-        assert learner.receiver.rejected["schema"] == 1 and learner.writer.rejected == 1
+        assert adds[1:] == [64], adds  # nan never reaches replay: good[3] goes in
+        # nor does the wide batch: the batch spec refuses it first
+        assert learner.receiver.rejected["schema"] == 1 and learner.receiver.rejected["values"] == 1
+        assert learner.writer.rejected == 0
         assert learner.batches == 4 and len(learner.replay) == 4 * 64
         stored = learner.replay.get(np.arange(4 * 64))
         np.testing.assert_array_equal(stored["obs"], np.concatenate([g["obs"] for g in good]))  # order kept

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from procs import REPO, Procs, log_tail, read_json, zmqrl_argv
+from procs import REPO, Procs, log_tail, zmqrl_argv
+from zmqrl.run.rundir import read_json
 
 CATCH_CONFIGS = [str(REPO / "configs" / f"catch_{algo}.yaml") for algo in ("dqn", "iqn")]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from procs import REPO, Procs, log_tail, read_json, zmqrl_argv
+from procs import REPO, Procs, log_tail, zmqrl_argv
+from zmqrl.run.rundir import read_json
 
 PENDULUM = str(REPO / "configs" / "pendulum_sac.yaml")
 

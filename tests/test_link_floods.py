@@ -41,7 +41,8 @@ from zmqrl.wire.monitor import LinkMonitor
 from zmqrl.wire.security import AllowList, Security
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import Procs, read_json, wait_for  # noqa: E402
+from procs import Procs, wait_for  # noqa: E402
+from zmqrl.run.rundir import read_json
 
 pytestmark = pytest.mark.timeout(180)
 

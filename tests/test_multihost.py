@@ -31,7 +31,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from netns import Lan, unavailable_reason  # noqa: E402
-from procs import Proc, Procs, read_json, wait_for, zmqrl_argv  # noqa: E402
+from procs import Proc, Procs, wait_for, zmqrl_argv  # noqa: E402
+from zmqrl.run.rundir import read_json
 
 HOSTS = ("learner", "actors", "evaluator")
 ACTORS = ("actor-0", "actor-1")

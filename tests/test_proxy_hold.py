@@ -23,7 +23,8 @@ from zmqrl.roles.common import free_port
 from zmqrl.wire import BATCH, BUNDLE, Limits, decode, encode, new_incarnation, unbundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import Procs, read_json, wait_for  # noqa: E402
+from procs import Procs, wait_for  # noqa: E402
+from zmqrl.run.rundir import read_json
 
 BATCHES = 100
 GAP_S = 0.01  # between two batches sent: 5 per hold below, under half the proxy's receive queue (16)

@@ -26,8 +26,7 @@ from zmqrl import config
 from zmqrl.config import Config
 from zmqrl.run import checkpoint
 from zmqrl.run.acting import STATE_FILE as ENV_STATE_FILE
-from zmqrl.run.bookkeeping import REPLAY_FILE
-from zmqrl.run.checkpoint import CheckpointError
+from zmqrl.run.checkpoint import REPLAY_FILE, CheckpointError
 from zmqrl.run.train import train
 
 REPO = Path(__file__).resolve().parent.parent

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import zmq
 
-from procs import read_json
 from zmqrl.bench import hostile, soak
+from zmqrl.run.rundir import read_json
 from zmqrl.wire import BATCH, EVAL, HELLO, PACK_MAGIC, STATS, decode
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,12 +24,13 @@ from typing import Any
 
 import pytest
 
-from procs import REPO, Proc, Procs, log_tail, pid_alive, pids_with_arg, read_json, role_env, wait_for, zmqrl_argv
+from procs import REPO, Proc, Procs, log_tail, pid_alive, pids_with_arg, role_env, wait_for, zmqrl_argv
 from zmqrl.config import dump, load
 from zmqrl.roles.common import free_port
 from zmqrl.roles.supervise import START_AFTER_MAX_S, Role, RoleSpec, StopSignals, Supervisor, zmqrl_command
 from zmqrl.roles.supervise import role_env as launcher_role_env
 from zmqrl.run import checkpoint
+from zmqrl.run.rundir import read_json
 
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 FAST = ["run.seed=7", "trainer.stop_return=null", "trainer.warmup=300", "trainer.eval_interval=100000",

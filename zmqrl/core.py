@@ -10,7 +10,7 @@ Optional keys: ``priority`` (initial priorities), and, on sampled batches, ``ind
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -98,10 +98,14 @@ class Agent(Policy, Protocol):
 
 
 class ReplayBuffer(Protocol):
-    """Transitions stored on the learner."""
+    """Transitions stored on the learner (:mod:`zmqrl.replay`: uniform or prioritized)."""
 
-    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
-        """Store a batch; returns the storage indices written."""
+    new_frames: int  # distinct image frames the last :meth:`add` stored anew (0 without a frame pool)
+
+    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+            max_new_frames: int | None = None) -> np.ndarray:
+        """Store a batch; returns the storage indices written. A batch that does not fit (its fields,
+        non-finite priorities, more new frames than ``max_new_frames``) is a ValueError, nothing stored."""
         ...
 
     def sample(self, batch_size: int) -> Batch:
@@ -110,6 +114,22 @@ class ReplayBuffer(Protocol):
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
         """New priorities for previously sampled indices."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, sampling RNG and schedules (no contents), as JSON values."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        ...
+
+    def save(self, path: str, stamp: Mapping[str, Any] | None = None) -> None:
+        """The contents and state to a file, with ``stamp`` (what checkpoint it belongs to)."""
+        ...
+
+    def load(self, path: str) -> dict[str, Any]:
+        """Inverse of :meth:`save`; returns its stamp."""
         ...
 
     def __len__(self) -> int: ...

@@ -22,8 +22,9 @@ from zmqrl.bench.harness import (
     median,
     save_arrays,
 )
-from zmqrl.roles.common import options, read_json
+from zmqrl.roles.common import options
 from zmqrl.run.lifecycle import StopFlag
+from zmqrl.run.rundir import read_json
 from zmqrl.wire import BATCH, SocketOptions, encode_model, make_socket, peek_header, send_frames
 
 CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml", "pong_dqn.yaml")

@@ -30,14 +30,14 @@ def _measure(c: Context, device: str, batch_size: int, pinned: bool, reps: int) 
 
     from zmqrl.agents.staging import BatchStager
     from zmqrl.run.acting import make_task
-    from zmqrl.run.bookkeeping import make_replay_from
+    from zmqrl.run.startup import make_replay_from
 
     path = c.configs(CONFIG)[0]
     cfg = load_config(path, f"replay.capacity={POOL}", f"agent.batch_size={batch_size}", "env.num_envs=8")
     task = make_task(cfg)
     agent = task.agent(device=device, seed=0)
-    if hasattr(agent, "_stage"):
-        agent._stage = BatchStager(device, pinned=pinned)
+    if hasattr(agent, "stager"):
+        agent.stager = BatchStager(device, pinned=pinned)
     replay = make_replay_from(cfg)
     replay.add(transition_pool(cfg, POOL))
     fixed = replay.sample(batch_size)
@@ -46,7 +46,8 @@ def _measure(c: Context, device: str, batch_size: int, pinned: bool, reps: int) 
     def sampled() -> None:
         batch = replay.sample(batch_size)
         _, priorities = agent.update(batch)
-        replay.update_priorities(batch["indices"], priorities)
+        if priorities is not None:
+            replay.update_priorities(batch["indices"], priorities)
 
     def one_batch() -> None:
         agent.update(fixed)

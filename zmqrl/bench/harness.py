@@ -5,8 +5,8 @@ it imports none of them and names no algorithm: each group picks its own configs
 
 Processes are started as the launchers' :class:`~zmqrl.roles.supervise.Role` (own session,
 one thread, a log file, SIGTERM should the bench die) and stopped with its staged stop;
-results come back through :func:`zmqrl.run.checkpoint.write_json_atomic` and
-:func:`zmqrl.roles.common.read_json`. Helper processes are ``python -c`` children running
+results come back through :func:`zmqrl.run.rundir.write_json_atomic` and
+:func:`zmqrl.run.rundir.read_json`. Helper processes are ``python -c`` children running
 :func:`child_main`, which calls a function named ``module:name`` of a group module; they import
 numpy, pyzmq, the config and :mod:`zmqrl.wire` (torch only where a policy is needed), so they
 start in well under a second.
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zmqrl.roles.common import free_port, read_json
+from zmqrl.roles.common import free_port
 from zmqrl.roles.supervise import Role, RoleSpec, stop_roles
-from zmqrl.run.checkpoint import write_json_atomic
 from zmqrl.run.lifecycle import StopFlag
+from zmqrl.run.rundir import read_json, write_json_atomic
 
 if TYPE_CHECKING:
     import numpy as np

@@ -36,8 +36,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import zmq
 
-from zmqrl.roles.common import new_context, options, read_json
-from zmqrl.run.checkpoint import write_json_atomic
+from zmqrl.roles.common import new_context, options
+from zmqrl.run.rundir import read_json, write_json_atomic
 from zmqrl.wire import (
     BATCH,
     EVAL,

@@ -37,9 +37,10 @@ from zmqrl.bench.harness import (
     save_arrays,
     transition_pool,
 )
-from zmqrl.roles.common import limits, options, read_json
+from zmqrl.roles.common import limits, options
 from zmqrl.roles.fit import Allowance
 from zmqrl.run.lifecycle import StopFlag
+from zmqrl.run.rundir import read_json
 from zmqrl.wire import (
     BATCH,
     MODEL,
@@ -298,7 +299,7 @@ def sac_update_row(c: Context) -> Row:
 def _sampling_task(path: Path) -> tuple[Any, Any, Any]:
     """(config, replay holding 20k real transitions of its env, the task that makes its agents) for ``path``."""
     from zmqrl.run.acting import make_task
-    from zmqrl.run.bookkeeping import make_replay_from
+    from zmqrl.run.startup import make_replay_from
 
     cfg = load_config(path)
     task = make_task(cfg)

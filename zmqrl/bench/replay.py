@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from zmqrl.bench.harness import Context, Row, load_config, make_row, transition_pool
+from zmqrl.replay.uniform import UniformReplay
 
 CONFIG = "cartpole_dqn.yaml"
 ATARI_CONFIG = "pong_dqn.yaml"
@@ -43,11 +44,12 @@ def _register_noise_frames() -> None:
 
 def run(c: Context) -> list[Row]:
     """Bytes per stored transition for the config's env and for stacked Atari-sized frames (configured replay)."""
-    from zmqrl.run.bookkeeping import make_replay_from
+    from zmqrl.run.startup import make_replay_from
 
     path = c.configs(CONFIG)[0]
     cfg = load_config(path)
     replay = make_replay_from(cfg)
+    assert isinstance(replay, UniformReplay)  # (both kinds are: their sizes are what this row reads)
     batch = transition_pool(cfg, 256)
     replay.add(batch)
     raw = sum(a[0].nbytes for a in batch.values())
@@ -65,6 +67,7 @@ def run(c: Context) -> list[Row]:
     frames_cfg = load_config(path, f"env.id={NOISE_FRAMES_ID}", "env.wrappers=[frame_stack]",
                              f"env.frame_stack={stack}", "env.num_envs=8", f"replay.capacity={capacity}")
     image_replay = make_replay_from(frames_cfg)
+    assert isinstance(image_replay, UniformReplay)
     stream = transition_pool(frames_cfg, capacity + capacity // 2)  # the ring wraps: frames are freed too
     for i in range(0, len(stream["reward"]), 64):
         image_replay.add({k: v[i:i + 64] for k, v in stream.items()})
@@ -87,11 +90,12 @@ def _atari_row(c: Context) -> Row:
     frames held, measured here per transition over a stream of real games (random actions through
     the shipped config's ``atari`` chain and n-step builder).
     """
-    from zmqrl.run.bookkeeping import make_replay_from
+    from zmqrl.run.startup import make_replay_from
 
     path = c.configs(ATARI_CONFIG)[0]
     cfg = load_config(path, f"replay.capacity={ATARI_CAPACITY}", "env.num_envs=8")
     replay = make_replay_from(cfg)
+    assert isinstance(replay, UniformReplay)  # (both kinds are: their sizes are what this row reads)
     stream = transition_pool(cfg, 4096)
     for i in range(0, len(stream["reward"]), 64):
         replay.add({k: v[i:i + 64] for k, v in stream.items()})

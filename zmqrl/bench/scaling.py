@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zmqrl.bench.harness import Context, Procs, Row, load_config, make_row, zmqrl_argv
-from zmqrl.roles.common import read_json
+from zmqrl.run.rundir import read_json
 
 CONFIG = "cartpole_dqn.yaml"  # the N-actor rows
 BARE_CONFIGS = ("halfcheetah_sac.yaml",)  # the local-vs-bare rows

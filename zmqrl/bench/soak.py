@@ -49,8 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from zmqrl.bench.harness import Proc, alive, children, cmdline, descendants, kill_pids, read_text, zmqrl_argv
-from zmqrl.roles.common import read_json
-from zmqrl.run.checkpoint import write_json_atomic
+from zmqrl.run.rundir import read_json, write_json_atomic
 
 MAX_OPTS = 1_000_000_000  # "never" for a soak: the job runs until the soak stops it
 STOP_GRACE_S = 60.0  # the launcher's own grace (a few seconds per role) plus the learner's final save

@@ -29,7 +29,7 @@ from zmqrl.bench.harness import (
     zmqrl_argv,
 )
 from zmqrl.config import Config
-from zmqrl.roles.common import read_json
+from zmqrl.run.rundir import read_json
 from zmqrl.tools.plot import read_scalars
 
 CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml")

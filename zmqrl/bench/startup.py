@@ -6,8 +6,7 @@ import time
 from pathlib import Path
 
 from zmqrl.bench.harness import Context, Procs, Row, make_row, median, zmqrl_argv
-from zmqrl.roles.common import read_json
-from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE
+from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE, read_json
 
 CONFIG = "cartpole_dqn.yaml"
 GOAL_S = 3.0

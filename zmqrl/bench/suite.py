@@ -14,7 +14,7 @@ from pathlib import Path
 
 from zmqrl.bench.harness import Context, Row, Settings, error_row
 from zmqrl.bench.registry import GROUPS, group
-from zmqrl.run.checkpoint import write_json_atomic
+from zmqrl.run.rundir import write_json_atomic
 
 log = logging.getLogger("zmqrl")
 

@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from zmqrl.config import ConfigError, NetConfig
-from zmqrl.run.checkpoint import write_json_atomic
+from zmqrl.run.rundir import write_json_atomic
 from zmqrl.wire import Limits, SecureContext, Security, SecurityError, SocketOptions, send_frames
 from zmqrl.wire.monitor import note_origin
 

@@ -24,6 +24,8 @@ import numpy as np
 import zmq
 
 from zmqrl.config import Config
+from zmqrl.core import ReplayBuffer
+from zmqrl.replay.uniform import UniformReplay
 from zmqrl.roles.common import limits
 from zmqrl.roles.peers import meta_problem
 from zmqrl.wire import (
@@ -83,7 +85,13 @@ class ValueCheck:
                 self.bounded.append((key, lo, hi))
 
     def problem(self, arrays: dict[str, np.ndarray]) -> str | None:
-        """What is out of bounds in ``arrays`` (naming the field), or None."""
+        """What is out of bounds in ``arrays`` (naming the field), or None. Initial priorities, where a
+        batch has them, must be finite and not negative."""
+        priority = arrays.get("priority")
+        if priority is not None and priority.size:
+            low = priority.min()
+            if not (low >= 0 and np.isfinite(np.add.reduce(priority, axis=None, dtype=np.float64))):
+                return f"priority holds {low if not low >= 0 else 'a non-finite value'}, not a priority"
         for key in self.finite:
             a = arrays[key]
             if a.size and not np.isfinite(np.add.reduce(a, axis=None, dtype=np.float64)):
@@ -233,11 +241,11 @@ class ReplayWriter:
     ``2 * frame_stack`` each and multiply replay's memory.
     """
 
-    def __init__(self, replay: Any, max_peers: int = 1024, idle_s: float = 600.0) -> None:
+    def __init__(self, replay: ReplayBuffer, max_peers: int = 1024, idle_s: float = 600.0) -> None:
         self.replay = replay
         self.rejected = 0  # batches replay refused (e.g. bad priorities)
         self.rejected_frames = 0  # batches refused for bringing more new frames than their sender's budget
-        self.pooled = bool(getattr(replay, "frame_keys", ()))
+        self.pooled = isinstance(replay, UniformReplay) and bool(replay.frame_keys)
         self._frames: PeerTable[list[int]] = PeerTable(lambda: [0, 0], max_peers, idle_s)  # sender: [items, frames]
         self.ratelog = RateLimitedLog(log, interval=10.0)
 
@@ -249,12 +257,9 @@ class ReplayWriter:
         for group in _groups(batches) if not self.pooled else [[m] for m in batches]:
             if len(group) > 1:
                 arrays = {k: np.concatenate([m.arrays[k] for m in group]) for k in group[0].arrays}
-                counted = getattr(self.replay, "priorities_rejected", None)
                 if self._add(arrays, None):
                     added += group
                     continue
-                if counted is not None:  # the batches are tried again one by one: count them once
-                    self.replay.priorities_rejected = counted
             added += [m for m in group if self._add(m.arrays, m.sender)]
         return added
 

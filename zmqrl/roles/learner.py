@@ -31,9 +31,10 @@ import zmq
 
 from zmqrl import __version__
 from zmqrl.config import Config
-from zmqrl.core import Agent
+from zmqrl.core import Agent, ReplayBuffer
+from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.roles.admission import EvalAdmission
-from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, read_json
+from zmqrl.roles.common import Every, auth_counts, limits, new_context, options
 from zmqrl.roles.fit import task_signature
 from zmqrl.roles.ingest import Receiver, ReplayWriter
 from zmqrl.roles.peers import PeerAccounts, episodes
@@ -41,18 +42,11 @@ from zmqrl.roles.proxy import PROXY_QUEUE
 from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
 from zmqrl.roles.supervise import restart_counts
 from zmqrl.run.acting import make_task
-from zmqrl.run.bookkeeping import (
-    Bookkeeper,
-    make_replay_from,
-    prepare_run_dir,
-    read_resume_point,
-    replay_values,
-    require_checkpoint,
-)
-from zmqrl.run.checkpoint import write_json_atomic
+from zmqrl.run.bookkeeping import replay_values
 from zmqrl.run.lifecycle import StopFlag, seed_everything
 from zmqrl.run.record import print_run_table
-from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE
+from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE, RunDir, read_json, write_json_atomic
+from zmqrl.run.startup import open_run
 from zmqrl.wire import (
     BATCH,
     EVAL,
@@ -109,31 +103,23 @@ class Learner:
         self.cfg = cfg
         seed_everything(cfg.run.seed)
         self.task = make_task(cfg)
-        require_checkpoint(run_dir or cfg.run.run_dir, resume)
         self.spec = self.task.batch_spec()
-        self.replay = make_replay_from(cfg, self.spec)
         self.limiter = SamplesPerInsert(cfg.trainer, cfg.agent.batch_size)
         self._initial = None if resume else self.task.initial_params()
         self._agent: Agent | None = None
         self._builder: Background[Agent] = Background(self._build_agent, name="agent-builder")
         self._deferred: list[Message] = []  # evaluation reports that came before the agent
-        built, point = None, None
-        if self._initial is None:  # build (and read the checkpoint) before writing or binding anything
-            built = self._make_agent()
-            if resume:
-                point = read_resume_point(cfg, run_dir or cfg.run.run_dir, built, self.replay)
-                self.limiter.load_state_dict(point.state.get("rate_limiter", {}))
-        self.dir = prepare_run_dir(cfg, run_dir)  # only now, with the checkpoint checked: config.yaml
-        self.book = Bookkeeper(cfg, self.dir, None, replay=self.replay, extra_state=lambda: {
-            "replay": self.replay.state_dict(), "rate_limiter": self.limiter.state_dict()})
-        if built is not None:
-            self._adopt(built)
-            if point is not None:
-                self.book.resume(point)
-                for note in point.notes:
-                    log.info("learner: resume: %s", note)
-                log.info("learner: resumed from %s at opt step %d, model version %d, %d transitions in replay",
-                         point.directory, self.book.opt_steps, self.book.version, len(self.replay))
+        # The agent is built now (before anything is written or bound) to resume, or where the algorithm
+        # cannot draw its version-0 parameters without torch; otherwise in the background.
+        run = open_run(cfg, run_dir, self.spec, resume=resume,
+                       agent=self._make_agent if self._initial is None else None,
+                       restore=lambda point: self.limiter.load_state_dict(point.state.get("rate_limiter", {})),
+                       extra_state=lambda: {"replay": self.replay.state_dict(),
+                                            "rate_limiter": self.limiter.state_dict()})
+        self.dir, self.replay, self.book = run.dir, run.replay, run.book
+        self.rundir = RunDir(self.dir)
+        if run.agent is not None:
+            self._adopt(run.agent)
             self.book.open_recorder()
         self.incarnation = new_incarnation()
 
@@ -232,7 +218,7 @@ class Learner:
         return self._agent
 
     def _write_endpoints(self) -> None:
-        path = self.dir / "endpoints.json"
+        path = self.rundir.endpoints
         data = read_json(path) or {}
         data["learner"] = self.endpoints
         write_json_atomic(path, data)
@@ -513,10 +499,11 @@ class Learner:
         self.ctx.term()
 
 
-def replay_priority_counts(replay: Any) -> dict[str, int]:
-    """Priorities replay rejected or clamped (non-finite, negative, absurdly large), where it counts them."""
-    return {k: int(getattr(replay, f"priorities_{k}")) for k in ("rejected", "clamped", "negative")
-            if hasattr(replay, f"priorities_{k}")}
+def replay_priority_counts(replay: ReplayBuffer) -> dict[str, int]:
+    """Priorities prioritized replay clamped or stored by their magnitude (absurdly large, negative)."""
+    if not isinstance(replay, PrioritizedReplay):
+        return {}
+    return {"clamped": replay.priorities_clamped, "negative": replay.priorities_negative}
 
 
 def run_learner(cfg: Config, run_dir: str | None, bind_data: str, bind_model: str, bind_eval: str,

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from zmqrl.config import Config, ConfigError
-from zmqrl.roles.common import free_port, read_json
+from zmqrl.roles.common import free_port
 from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
 from zmqrl.run import checkpoint
-from zmqrl.run.checkpoint import write_json_atomic
 from zmqrl.run.record import print_run_table
-from zmqrl.run.rundir import FIRST_UPDATE_FILE
+from zmqrl.run.rundir import FIRST_UPDATE_FILE, read_json, write_json_atomic
 
 log = logging.getLogger("zmqrl")
 

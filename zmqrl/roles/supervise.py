@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from zmqrl.roles.common import EXIT_ADDRESS_IN_USE, read_json
+from zmqrl.roles.common import EXIT_ADDRESS_IN_USE
 from zmqrl.run import checkpoint
-from zmqrl.run.checkpoint import write_json_atomic
 from zmqrl.run.lifecycle import take_early_stop_signal
 from zmqrl.run.record import Progress
+from zmqrl.run.rundir import read_json, write_json_atomic
 
 log = logging.getLogger("zmqrl")
 

@@ -10,173 +10,43 @@ from __future__ import annotations
 
 import collections
 import copy
-import inspect
-import json
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zmqrl.config import Config, ConfigError, dump, to_flat_dict
-from zmqrl.core import Agent
-from zmqrl.replay import make_replay
+from zmqrl.config import Config, to_flat_dict
+from zmqrl.core import Agent, ReplayBuffer
+from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.run import checkpoint
 from zmqrl.run.record import Progress, TensorBoardRecorder
+from zmqrl.run.resume import ResumePoint
+from zmqrl.run.rundir import BEST, LATEST, RunDir, write_json_atomic
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 log = logging.getLogger("zmqrl")
 
-STACKING_WRAPPERS = ("atari", "frame_stack")  # wrappers that stack env.frame_stack frames on axis 0
-REPLAY_FILE = "replay.npz"  # in checkpoints/latest with trainer.checkpoint_replay: the replay contents
 FileWriters = Mapping[str, Callable[[Path], None]]  # extra files of a checkpoint: name -> writer(path)
 EVAL_HISTORY = 1000  # evaluations kept in memory, summary.json and state.json (the newest; TensorBoard has all)
 
 
-def _device_of(agent: Any) -> torch.device:
-    import torch
-
-    return getattr(agent, "device", torch.device("cpu"))
-
-
-def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None) -> Any:
-    """The configured replay; image frames are stored once unless ``replay.dedup_frames`` is off.
-
-    ``spec`` (the algorithm's batch spec) fixes the stored arrays before any batch arrives.
-    Torch-free, so the learner can build its replay and start inserting before torch has loaded.
-    """
-    r = cfg.replay
-    stacked = any(w in STACKING_WRAPPERS for w in cfg.env.wrappers)
-    frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1
-    return make_replay(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, r.priority_eps,
-                       seed=cfg.run.seed + 7, frame_stack=frame_stack, schema=spec)
-
-
-def replay_values(replay: Any) -> dict[str, float]:
+def replay_values(replay: ReplayBuffer) -> dict[str, float]:
     """TensorBoard scalars of a replay buffer: its size and, for prioritized replay, the largest
     and mean stored priority and the raw priorities clamped so far (where Q values run away, the
     priorities show it first)."""
     values = {"perf/replay_size": float(len(replay))}
-    tree = getattr(replay, "tree", None)
-    if tree is not None and len(replay):
+    if isinstance(replay, PrioritizedReplay) and len(replay):
         values["perf/priority_max"] = float(replay.max_priority)
-        values["perf/priority_mean"] = tree.total() / len(replay)
+        values["perf/priority_mean"] = replay.tree.total() / len(replay)
         values["perf/priorities_clamped"] = float(replay.priorities_clamped)
     return values
-
-
-def require_checkpoint(run_dir: str | Path | None, resume: bool) -> None:
-    """Before touching anything: ``--resume`` needs a run directory with a readable latest checkpoint."""
-    if not resume:
-        return
-    if not run_dir:
-        raise ConfigError("--resume needs --run-dir (the run directory to continue)")
-    checkpoint.resolve(Path(run_dir) / "checkpoints" / "latest")
-
-
-@dataclass
-class ResumePoint:
-    """A checkpoint read and checked before anything in the run directory is written."""
-
-    directory: Path  # the checkpoint directory read: checkpoints/latest, or latest.old after an interrupted swap
-    state: dict[str, Any]  # its state.json
-    torch_rng: Any  # torch's global RNG state, or None
-    notes: list[str] = field(default_factory=list)  # why continuing from it is not exact (empty when it is)
-
-
-def read_resume_point(cfg: Config, run_dir: str | Path, agent: Agent, replay: Any = None) -> ResumePoint:
-    """Load ``RUN_DIR/checkpoints/latest`` into ``agent`` (and ``replay``, when given), checking
-    that each part fits this config; writes nothing. Any problem is a CheckpointError naming the file."""
-    directory = checkpoint.resolve(Path(run_dir) / "checkpoints" / "latest")
-    agent_state, state = checkpoint.load(directory, map_location=_device_of(agent))
-    torch_rng = agent_state.pop("torch_rng", None)
-    agent_state.pop(checkpoint.POLICY_KEY, None)
-    try:
-        agent.load_state_dict(agent_state)
-    except (KeyError, RuntimeError, ValueError, TypeError) as exc:
-        raise checkpoint.CheckpointError(f"{directory / checkpoint.AGENT_FILE}: does not fit this config's agent: "
-                                         f"{one_line(exc)}") from None
-    point = ResumePoint(directory, state, torch_rng)
-    if replay is not None:
-        point.notes += load_replay(cfg, replay, directory, state)
-    return point
-
-
-def one_line(exc: BaseException, limit: int = 400) -> str:
-    """An exception's message on one line (torch's span several), cut to ``limit`` characters."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _stamp(replay_state: Mapping[str, Any]) -> dict[str, Any]:
-    """What identifies a replay snapshot: its counters, sampling RNG and schedules (JSON values)."""
-    keys = ("ptr", "size", "added", "rng", "sample_calls", "max_priority")
-    return json.loads(json.dumps({k: replay_state[k] for k in keys if k in replay_state}))
-
-
-def load_replay(cfg: Config, replay: Any, directory: Path, state: dict[str, Any]) -> list[str]:
-    """Restore the replay of the checkpoint in ``directory`` (with ``state``, its state.json);
-    returns why this is not exact (empty when it is).
-
-    With ``trainer.checkpoint_replay`` the contents come from the checkpoint's ``replay.npz``
-    (or, from runs of earlier versions, ``checkpoints/replay.npz``), which must be the snapshot
-    taken with this checkpoint: its counters and sampling RNG must equal those in state.json.
-    Otherwise the replay starts empty, keeping the sampling RNG, beta schedule and max priority.
-    """
-    saved = state.get("replay")
-    if cfg.trainer.checkpoint_replay:
-        for path in (directory / REPLAY_FILE, directory.parent / REPLAY_FILE):
-            if path.is_file():
-                _load_replay_file(replay, path, directory, state)
-                return []
-    if isinstance(saved, dict):
-        try:
-            replay.load_state_dict({**saved, "ptr": 0, "size": 0})
-        except (KeyError, ValueError, TypeError) as exc:
-            raise checkpoint.CheckpointError(f"{directory / checkpoint.STATE_FILE}: the replay state does not fit "
-                                             f"this config's replay: {one_line(exc)}") from None
-    why = "trainer.checkpoint_replay is off" if not cfg.trainer.checkpoint_replay else \
-        f"the checkpoint holds no {REPLAY_FILE}"
-    return [f"replay contents are not saved ({why}): the replay starts empty and warms up again"]
-
-
-def _load_replay_file(replay: Any, path: Path, directory: Path, state: dict[str, Any]) -> None:
-    try:
-        stamp = replay.load(str(path))
-    except (*checkpoint.FILE_ERRORS, AttributeError, RuntimeError, MemoryError) as exc:
-        text = one_line(exc)
-        detail = text if text.startswith(str(path)) else f"{path}: {type(exc).__name__}: {text}"
-        raise checkpoint.CheckpointError(f"unreadable replay snapshot: {detail}") from None
-    expected, saved = directory / checkpoint.STATE_FILE, state.get("replay")
-    if not isinstance(saved, dict):
-        raise checkpoint.CheckpointError(f"{path}: cannot be checked against {expected}, which has no replay state")
-    got, want = _stamp(replay.state_dict()), _stamp(saved)
-    stamped = stamp.get("opt_steps") if isinstance(stamp, dict) else None
-    if got != want or (stamped is not None and stamped != state.get("opt_steps")):
-        raise checkpoint.CheckpointError(
-            f"{path}: is not the replay snapshot of {directory} (it holds {got.get('size')} transitions of "
-            f"{got.get('added')} added, {expected} expects {want.get('size')} of {want.get('added')}); "
-            f"remove it to resume with an empty replay")
-    log.info("restored %d transitions from %s", len(replay), path)
-
-
-def prepare_run_dir(cfg: Config, run_dir: str | Path | None) -> Path:
-    """Create the run directory (DESIGN §4) and write the resolved ``config.yaml``."""
-    if not run_dir:
-        run_dir = cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(run_dir)
-    (path / "checkpoints").mkdir(parents=True, exist_ok=True)
-    (path / "tb").mkdir(exist_ok=True)
-    cfg.run.run_dir = str(path)
-    dump(cfg, path / "config.yaml")
-    return path
 
 
 class Rate:
@@ -194,7 +64,7 @@ class Rate:
 
 
 class ReplayCheckpointer:
-    """Puts the replay contents into ``checkpoints/latest`` as :data:`REPLAY_FILE`.
+    """Puts the replay contents into ``checkpoints/latest`` as :data:`~zmqrl.run.checkpoint.REPLAY_FILE`.
 
     :meth:`snapshot` copies the buffer in memory (a memcpy) on the training thread and returns
     the writer of that copy, so the file can be written off the training loop; it is one of
@@ -202,30 +72,20 @@ class ReplayCheckpointer:
     never pairs with another checkpoint's replay.
     """
 
-    FILE = "replay.npz"
-
-    def __init__(self, replay: Any, ckpt_dir: Path) -> None:
+    def __init__(self, replay: ReplayBuffer) -> None:
         self.replay = replay
-        self.ckpt_dir = ckpt_dir
         self.saved = 0  # snapshots written
 
     def snapshot(self, opt_steps: int, copy_now: bool = True) -> Callable[[Path], None]:
         """The writer of the replay as it is now (a copy when ``copy_now``, else the live buffer,
         which must then not change until the writer has run)."""
         replay = copy.deepcopy(self.replay) if copy_now else self.replay
-        stamped = "stamp" in inspect.signature(replay.save).parameters
 
         def write(path: Path) -> None:
-            if stamped:
-                replay.save(str(path), stamp={"opt_steps": opt_steps})
-            else:
-                replay.save(str(path))
+            replay.save(str(path), stamp={"opt_steps": opt_steps})
             self.saved += 1
         return write
 
-    def restore(self, directory: Path, state: dict[str, Any], cfg: Config) -> list[str]:
-        """Load the snapshot of the checkpoint in ``directory``; see :func:`load_replay`."""
-        return load_replay(cfg, self.replay, directory, state)
 
 
 class Bookkeeper:
@@ -237,12 +97,12 @@ class Bookkeeper:
     """
 
     def __init__(self, cfg: Config, run_dir: Path, agent: Agent | None,
-                 extra_state: Callable[[], dict[str, Any]] | None = None, replay: Any = None,
+                 extra_state: Callable[[], dict[str, Any]] | None = None, replay: ReplayBuffer | None = None,
                  extra_files: Callable[[], FileWriters] | None = None) -> None:
         self.cfg = cfg
         self.tc = cfg.trainer
         self.dir = run_dir
-        self.ckpt_dir = run_dir / "checkpoints"
+        self.run = RunDir(run_dir)
         self.agent = agent
         self.extra_state = extra_state or (lambda: {})
         self.extra_files = extra_files or (lambda: {})  # taken on the training thread at every save
@@ -266,7 +126,7 @@ class Bookkeeper:
         self._env_rate, self._opt_rate = Rate(), Rate()
         self.stop_reason = ""
         self._last_latest = time.monotonic()
-        self.replay_ckpt = ReplayCheckpointer(replay, self.ckpt_dir) if replay is not None and \
+        self.replay_ckpt = ReplayCheckpointer(replay) if replay is not None and \
             cfg.trainer.checkpoint_replay else None
         self._latest_writer: threading.Thread | None = None  # writes checkpoints/latest with the replay
         self.latest_skipped = 0  # refreshes of latest skipped because the previous one was still being written
@@ -281,7 +141,7 @@ class Bookkeeper:
         """Open the TensorBoard writer now (safe from any thread) and write the config text once."""
         with self._recorder_lock:
             if self._recorder is None:
-                recorder = TensorBoardRecorder(self.dir / "tb")
+                recorder = TensorBoardRecorder(self.run.tb)
                 recorder.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in to_flat_dict(self.cfg).items())
                               + "\n```")
                 self._recorder = recorder
@@ -316,9 +176,9 @@ class Bookkeeper:
         """The numbered checkpoint and ``latest`` when their intervals have come up."""
         if self.tc.save_interval and self.opt_steps % self.tc.save_interval == 0:
             self.save(str(self.opt_steps))
-            self.save("latest")
+            self.save(LATEST)
         elif self.tc.latest_interval_s and time.monotonic() - self._last_latest >= self.tc.latest_interval_s:
-            self.save("latest")
+            self.save(LATEST)
 
     def eval_due(self) -> bool:
         return self.opt_steps % self.tc.eval_interval == 0
@@ -366,7 +226,7 @@ class Bookkeeper:
         if improved:
             self.best_eval = mean
             if save_best:
-                self.save("best", extra={"eval_return": mean})
+                self.save(BEST, extra={"eval_return": mean})
         log.info("eval at opt %d (env %d, %.1fs): return %.1f ± %.1f over %d episodes%s", self.opt_steps,
                  self.env_steps, self.wall_s, mean, entry["return_std"], len(returns),
                  "  (new best)" if improved else "")
@@ -410,12 +270,12 @@ class Bookkeeper:
         """
         import torch
 
-        latest_with_replay = name == "latest" and self.replay_ckpt is not None
+        latest_with_replay = name == LATEST and self.replay_ckpt is not None
         in_background = latest_with_replay and background
-        if name == "latest":
+        if name == LATEST:
             if in_background and self.saving():
                 self.latest_skipped += 1
-                return self.ckpt_dir / name
+                return self.run.checkpoint(name)
             self.wait_saves()
             self._last_latest = time.monotonic()
         agent = self._attached()
@@ -428,8 +288,8 @@ class Bookkeeper:
         files = dict(self.extra_files())
         if latest_with_replay:
             assert self.replay_ckpt is not None
-            files[REPLAY_FILE] = self.replay_ckpt.snapshot(self.opt_steps, copy_now=in_background)
-        path = self.ckpt_dir / name
+            files[checkpoint.REPLAY_FILE] = self.replay_ckpt.snapshot(self.opt_steps, copy_now=in_background)
+        path = self.run.checkpoint(name)
         if not in_background:
             return checkpoint.save(path, agent_state, state, extra_files=files)
         self._latest_writer = threading.Thread(target=self._write_latest, args=(path, agent_state, state, files),
@@ -476,8 +336,6 @@ class Bookkeeper:
         self._env_rate.read(self.env_steps)
         self._opt_rate.read(self.opt_steps)
 
-    def agent_device(self) -> torch.device:
-        return _device_of(self.agent)
 
     # --- the end ----------------------------------------------------------------------------
     def summary(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -498,13 +356,13 @@ class Bookkeeper:
 
     def write_summary(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         summary = self.summary(extra)
-        checkpoint.write_json_atomic(self.dir / "summary.json", summary)
+        write_json_atomic(self.run.summary, summary)
         return summary
 
     def finish(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Final record, ``checkpoints/latest``, hyperparameter table, ``summary.json``."""
         self.progress.close()
-        self.save("latest", background=False)
+        self.save(LATEST, background=False)
         summary = self.write_summary(extra)
         metrics = {"best_eval_return": summary["best_eval_return"] or float("nan"),
                    "env_steps": float(self.env_steps), "wall_s": float(summary["wall_s"])}

@@ -39,11 +39,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zmqrl.config import ConfigError
+from zmqrl.run.rundir import NAMED_CHECKPOINTS, RunDir, require_run_dir, write_json_atomic
+
 if TYPE_CHECKING:
     import torch
 
 AGENT_FILE = "agent.pt"
 STATE_FILE = "state.json"
+REPLAY_FILE = "replay.npz"  # in checkpoints/latest with trainer.checkpoint_replay: the replay contents
 POLICY_FILE = "policy.npz"  # instead of agent.pt in a checkpoint of the policy alone (the evaluator's best)
 POLICY_KEY = "policy"  # in agent.pt of every checkpoint: the policy parameters actors act with
 TREE_KEY = "__tree__"  # in a file written by write_tree: the JSON outline, as uint8 bytes
@@ -159,21 +163,6 @@ def remove_stale_temporaries(ckpt_dir: str | Path) -> list[Path]:
         log.info("removed %s, left by an interrupted save", path)
         removed.append(path)
     return removed
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to ``path`` via a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True, default=float)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def save(directory: str | Path, agent_state: dict[str, Any], state: dict[str, Any],
@@ -395,3 +384,37 @@ def load_policy_params(directory: str | Path) -> tuple[dict[str, Any], dict[str,
     if not isinstance(params, dict) or not params:
         raise CheckpointError(f"{resolve(directory) / AGENT_FILE}: holds no policy parameters ('{POLICY_KEY}')")
     return {k: v.detach().cpu().numpy() for k, v in params.items()}, state
+
+
+def checkpoints(path: str | Path) -> list[str]:
+    """Names of the run's checkpoints: ``best``, ``latest``, then numbered ones in step order."""
+    root = RunDir(path).checkpoints
+    if not root.is_dir():
+        return []
+    names = set()
+    for entry in root.iterdir():
+        name = entry.name[:-4] if entry.name.endswith(".old") else entry.name
+        if not name.startswith(".") and (entry / STATE_FILE).is_file():
+            names.add(name)
+    named = [n for n in NAMED_CHECKPOINTS if n in names]
+    numbered = sorted((n for n in names if n.isdigit()), key=int)
+    return named + numbered + sorted(names - set(named) - set(numbered))
+
+
+def checkpoint_dir(path: str | Path, which: str | int = "best") -> Path:
+    """The directory of checkpoint ``which`` (``best``, ``latest`` or a number of optimisation steps).
+
+    A name that is none of these is a :class:`ConfigError`; a checkpoint the run does not have is
+    a :class:`CheckpointError` naming the directory and listing those it has.
+    """
+    run = RunDir(require_run_dir(path))
+    name = str(which)
+    if name not in NAMED_CHECKPOINTS and not name.isdigit():
+        raise ConfigError(f"--checkpoint: expected best, latest or a number of optimisation steps, got {name!r}")
+    target = run.checkpoint(name)
+    try:
+        return resolve(target)
+    except CheckpointError:
+        have = checkpoints(run.path)
+        raise CheckpointError(f"{target}: no such checkpoint in this run; it has "
+                              f"{', '.join(have) if have else 'none yet'}") from None

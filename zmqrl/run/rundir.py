@@ -1,51 +1,132 @@
-"""Reading a run directory (DESIGN §4) from outside the run: its config, summary and checkpoints.
+"""The run directory (DESIGN.md section 4): the one place that knows its file names, what makes a
+directory a run directory, and how its JSON files are read and written.
 
-``zmqrl plot``, ``zmqrl enjoy`` and :func:`zmqrl.load_policy` find what they show here. A
-directory is a run directory when it holds the ``config.yaml`` every run writes first.
+Every run, single-process or distributed, writes one directory: ``config.yaml`` (the resolved
+config, written first), ``summary.json``, ``tb/`` (TensorBoard), ``checkpoints/`` (``latest/``,
+``best/``, numbered ones), and in a distributed run ``endpoints.json``, ``logs/``, ``roles/``
+(each role's stats at exit), ``supervisor/`` (the launchers' status), ``eval.token`` and the
+start-up marks ``first_batch.json`` and ``first_update.json``. A directory is a run directory when
+it holds ``config.yaml``, ``summary.json`` or a launcher's status (a ``zmqrl host`` machine's
+directory has only the last).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from zmqrl.config import Config, ConfigError, load
-from zmqrl.run import checkpoint
-from zmqrl.run.checkpoint import CheckpointError
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
+ENDPOINTS_FILE = "endpoints.json"  # the addresses of a distributed run's roles
+EVAL_TOKEN_FILE = "eval.token"  # the secret the learner admits evaluation reports with (mode 0600)
 FIRST_BATCH_FILE = "first_batch.json"  # written by the learner once the first batch is in replay
 FIRST_UPDATE_FILE = "first_update.json"  # written by the learner once its first optimisation step is done
-NAMED_CHECKPOINTS = ("best", "latest")
+CHECKPOINTS_DIR = "checkpoints"
+TB_DIR = "tb"
+LOGS_DIR = "logs"
+ROLES_DIR = "roles"
+SUPERVISOR_DIR = "supervisor"
+LATEST, BEST = "latest", "best"
+NAMED_CHECKPOINTS = (BEST, LATEST)
 
 
 class RunDirError(ConfigError):
     """A path that is not a run directory, or one with nothing to show; the message names it."""
 
 
-def require_run_dir(path: str | Path) -> Path:
-    """``path`` if it is a run directory, else a :class:`RunDirError` saying what is missing."""
-    path = Path(path)
-    if not path.is_dir():
-        raise RunDirError(f"{path}: no such directory")
-    if not (path / CONFIG_FILE).is_file():
-        raise RunDirError(f"{path}: not a run directory (no {CONFIG_FILE}; `zmqrl train` and `zmqrl local` "
+class RunDir:
+    """The paths of one run directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def summary(self) -> Path:
+        return self.path / SUMMARY_FILE
+
+    @property
+    def endpoints(self) -> Path:
+        return self.path / ENDPOINTS_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS_DIR
+
+    def checkpoint(self, name: str | int) -> Path:
+        """``checkpoints/NAME`` (``latest``, ``best`` or a number of optimisation steps)."""
+        return self.checkpoints / str(name)
+
+    @property
+    def latest(self) -> Path:
+        return self.checkpoint(LATEST)
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoint(BEST)
+
+    @property
+    def tb(self) -> Path:
+        return self.path / TB_DIR
+
+    @property
+    def logs(self) -> Path:
+        return self.path / LOGS_DIR
+
+    @property
+    def roles(self) -> Path:
+        return self.path / ROLES_DIR
+
+    def role_stats(self, name: str) -> Path:
+        """``roles/NAME.json``: what a role did, written at its exit."""
+        return self.roles / f"{name}.json"
+
+    @property
+    def supervisor(self) -> Path:
+        return self.path / SUPERVISOR_DIR
+
+    def is_run_dir(self) -> bool:
+        """Whether it holds what a run writes: ``config.yaml``, ``summary.json`` or a launcher's status."""
+        return any(mark.exists() for mark in (self.config, self.summary, self.supervisor))
+
+
+def require_run_dir(path: str | Path, needs_config: bool = False) -> Path:
+    """``path`` if it is a run directory (with ``config.yaml`` when ``needs_config``), else a
+    :class:`RunDirError` saying what is missing."""
+    run = RunDir(path)
+    if not run.path.exists():
+        raise RunDirError(f"{run.path}: no such directory")
+    if not run.path.is_dir():
+        raise RunDirError(f"{run.path}: not a directory")
+    if needs_config and not run.config.is_file():
+        raise RunDirError(f"{run.path}: not a run directory (no {CONFIG_FILE}; `zmqrl train` and the learner "
                           "write one into every run directory)")
-    return path
+    if not run.is_run_dir():
+        raise RunDirError(f"{run.path}: not a run directory (it holds none of {CONFIG_FILE}, {SUMMARY_FILE}, "
+                          f"{SUPERVISOR_DIR}/)")
+    return run.path
 
 
 def run_config(path: str | Path) -> Config:
     """The resolved config the run used, checked against the schema."""
-    return load(require_run_dir(path) / CONFIG_FILE)
+    return load(RunDir(require_run_dir(path, needs_config=True)).config)
 
 
 def raw_config(path: str | Path) -> dict[str, Any]:
     """``config.yaml`` as plain data (for comparing runs)."""
-    file = require_run_dir(path) / CONFIG_FILE
+    file = RunDir(require_run_dir(path, needs_config=True)).config
     try:
         data = yaml.safe_load(file.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -57,7 +138,7 @@ def raw_config(path: str | Path) -> dict[str, Any]:
 
 def read_summary(path: str | Path) -> dict[str, Any] | None:
     """``summary.json`` (None while a run has not written one yet)."""
-    file = Path(path) / SUMMARY_FILE
+    file = RunDir(path).summary
     if not file.is_file():
         return None
     try:
@@ -67,35 +148,25 @@ def read_summary(path: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def checkpoints(path: str | Path) -> list[str]:
-    """Names of the run's checkpoints: ``best``, ``latest``, then numbered ones in step order."""
-    root = Path(path) / "checkpoints"
-    if not root.is_dir():
-        return []
-    names = set()
-    for entry in root.iterdir():
-        name = entry.name[:-4] if entry.name.endswith(".old") else entry.name
-        if not name.startswith(".") and (entry / checkpoint.STATE_FILE).is_file():
-            names.add(name)
-    named = [n for n in NAMED_CHECKPOINTS if n in names]
-    numbered = sorted((n for n in names if n.isdigit()), key=int)
-    return named + numbered + sorted(names - set(named) - set(numbered))
-
-
-def checkpoint_dir(path: str | Path, which: str | int = "best") -> Path:
-    """The directory of checkpoint ``which`` (``best``, ``latest`` or a number of optimisation steps).
-
-    A name that is none of these is a :class:`ConfigError`; a checkpoint the run does not have is
-    a :class:`CheckpointError` naming the directory and listing those it has.
-    """
-    run = require_run_dir(path)
-    name = str(which)
-    if name not in NAMED_CHECKPOINTS and not name.isdigit():
-        raise ConfigError(f"--checkpoint: expected best, latest or a number of optimisation steps, got {name!r}")
-    target = run / "checkpoints" / name
+def read_json(path: str | Path) -> dict[str, Any] | None:
+    """A JSON file, or None while it does not exist (or is being replaced)."""
     try:
-        return checkpoint.resolve(target)
-    except CheckpointError:
-        have = checkpoints(run)
-        raise CheckpointError(f"{target}: no such checkpoint in this run; it has "
-                              f"{', '.join(have) if have else 'none yet'}") from None
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON to ``path`` via a temporary file, fsynced, and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True, default=float)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -25,21 +25,16 @@ import torch
 
 from zmqrl.agents.torch_util import flush_denormals, resolve_device
 from zmqrl.config import Config
+from zmqrl.core import Agent, ReplayBuffer
 from zmqrl.envs.evaluator import GreedyEvaluator
 from zmqrl.run.acting import STATE_FILE as ENV_STATE_FILE
-from zmqrl.run.acting import ActingLoop, make_task
-from zmqrl.run.bookkeeping import (
-    Bookkeeper,
-    ResumePoint,
-    make_replay_from,
-    prepare_run_dir,
-    read_resume_point,
-    replay_values,
-    require_checkpoint,
-)
-from zmqrl.run.checkpoint import CheckpointError
+from zmqrl.run.acting import ActingLoop, Task, make_task
+from zmqrl.run.bookkeeping import replay_values
+from zmqrl.run.checkpoint import STATE_FILE, CheckpointError
 from zmqrl.run.lifecycle import StopFlag, seed_everything
 from zmqrl.run.record import print_run_table
+from zmqrl.run.resume import ResumePoint
+from zmqrl.run.startup import open_run
 
 log = logging.getLogger("zmqrl")
 
@@ -72,25 +67,21 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
     seed_everything(seed)
     task = make_task(cfg)
     device = resolve_device(cfg.run.device)
-    require_checkpoint(run_dir or cfg.run.run_dir, resume)
     agent = task.agent(device=device, seed=seed)
-    replay = make_replay_from(cfg, task.batch_spec())
     loop = ActingLoop(cfg, agent, task.exploration(None), seed)
     evaluator = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed + 1_000_000)
     flushed_before = flush_denormals()
     try:
-        return _train(cfg, run_dir, resume, agent, replay, loop, evaluator, device)
+        return _train(cfg, run_dir, resume, task, agent, loop, evaluator, device)
     finally:
         flush_denormals(flushed_before)
         loop.close()
         evaluator.close()
 
 
-def _resume(cfg: Config, run_dir: str | Path, agent: Any, replay: Any, loop: ActingLoop,
-            counters: LoopCounters) -> ResumePoint:
-    """Read and check ``checkpoints/latest`` and load every part of it; writes nothing."""
-    point = read_resume_point(cfg, run_dir, agent, replay)
-    state_path = point.directory / "state.json"
+def _restore(point: ResumePoint, loop: ActingLoop, counters: LoopCounters) -> None:
+    """This loop's own parts of a checkpoint: its counters and the envs' state (notes say what is not exact)."""
+    state_path = point.directory / STATE_FILE
     if "trainer" in point.state:
         counters.load(point.state["trainer"], state_path)
     else:
@@ -101,30 +92,23 @@ def _resume(cfg: Config, run_dir: str | Path, agent: Any, replay: Any, loop: Act
     else:
         loop.env_steps = int(point.state.get("env_steps", 0))
         point.notes.append(f"the checkpoint holds no {ENV_STATE_FILE}: the envs start new episodes")
-    return point
 
 
-def _train(cfg: Config, run_dir: str | Path | None, resume: bool, agent: Any, replay: Any, loop: ActingLoop,
+def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, agent: Agent, loop: ActingLoop,
            evaluator: GreedyEvaluator, device: Any) -> dict[str, Any]:
     counters = LoopCounters()
-    point = _resume(cfg, run_dir or cfg.run.run_dir, agent, replay, loop, counters) if resume else None
-    evaluator.calls = counters.eval_calls
-    path = prepare_run_dir(cfg, run_dir)  # only now, with the checkpoint checked: config.yaml
+    replay: ReplayBuffer | None = None
 
     def extra_state() -> dict[str, Any]:
         counters.eval_calls = evaluator.calls
+        assert replay is not None
         return {"replay": replay.state_dict(), "trainer": counters.state()}
 
-    book = Bookkeeper(cfg, path, agent, extra_state=extra_state, replay=replay,
-                      extra_files=lambda: {ENV_STATE_FILE: loop.snapshot()})
-    if point is not None:
-        book.resume(point)
-        log.info("resumed from %s at opt step %d (%d env steps) with %d transitions in replay", point.directory,
-                 book.opt_steps, book.env_steps, len(replay))
-        if point.notes:
-            log.warning("the resume is not exact: %s", "; ".join(point.notes))
-        else:
-            log.info("the resume is exact: agent, RNGs, envs, pending n-step transitions and replay restored")
+    run = open_run(cfg, run_dir, task.batch_spec(), resume=resume, agent=agent,
+                   restore=lambda point: _restore(point, loop, counters), extra_state=extra_state,
+                   extra_files=lambda: {ENV_STATE_FILE: loop.snapshot()})
+    replay, book, path = run.replay, run.book, run.dir
+    evaluator.calls = counters.eval_calls
 
     tc, batch_size = cfg.trainer, cfg.agent.batch_size
     explore_tag = loop.exploration.name

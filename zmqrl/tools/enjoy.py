@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from zmqrl.config import Config, ConfigError
-from zmqrl.run.checkpoint import CheckpointError, load_policy_params, policy_file
-from zmqrl.run.rundir import checkpoint_dir, run_config
+from zmqrl.run.checkpoint import CheckpointError, checkpoint_dir, load_policy_params, policy_file
+from zmqrl.run.rundir import run_config
 
 
 @dataclass

@@ -24,8 +24,8 @@ from typing import Any, TextIO
 import yaml
 
 from zmqrl.config import ConfigError
-from zmqrl.roles.common import read_json
-from zmqrl.roles.supervise import SUPERVISOR_DIR, read_status_files
+from zmqrl.roles.supervise import read_status_files
+from zmqrl.run.rundir import SUPERVISOR_DIR, read_json
 
 COLUMNS = ("role", "host", "id", "incarnation", "state", "env steps/s", "batches", "lost", "lag (versions)",
            "last seen", "restarts")

@@ -116,7 +116,7 @@ class DQNAgent(DQNPolicy):
         self.target.requires_grad_(False)
         self.optimizer = Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.opt_steps = 0
-        self._stage = BatchStager(self.device)
+        self.stager = BatchStager(self.device)  # how batches reach the device (replaceable: pinned or not)
         self._explicit = (ExplicitMLPLoss(self.q, self.target, cfg.double, cfg.loss == "huber")
                           if isinstance(self.q, MLPQNetwork) and isinstance(self.target, MLPQNetwork) else None)
 
@@ -168,7 +168,7 @@ class DQNAgent(DQNPolicy):
 
     def _tensors(self, batch: Mapping[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
         """``obs, action (B, 1) int64, reward, next_obs, discount, weights`` (ones if absent) on the device."""
-        t = self._stage({k: batch[k] for k in self.BATCH_KEYS if k in batch})
+        t = self.stager({k: batch[k] for k in self.BATCH_KEYS if k in batch})
         reward = t["reward"].float()
         weights = t["weights"].float() if "weights" in t else torch.ones_like(reward)
         return t["obs"], t["action"].long().unsqueeze(1), reward, t["next_obs"], t["discount"].float(), weights

@@ -147,7 +147,7 @@ class IQNAgent(IQNPolicy):
         self.opt_steps = 0
         self.tau_rng = torch.Generator(device=self.device)
         self.tau_rng.manual_seed(seed)
-        self._stage = BatchStager(self.device)
+        self.stager = BatchStager(self.device)  # how batches reach the device (replaceable: pinned or not)
 
     METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "skipped")
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
@@ -162,7 +162,7 @@ class IQNAgent(IQNPolicy):
         CUDA), and metrics and priorities come back in one device-to-host copy.
         """
         cfg = self.cfg
-        t = self._stage({k: batch[k] for k in self.BATCH_KEYS if k in batch})
+        t = self.stager({k: batch[k] for k in self.BATCH_KEYS if k in batch})
         obs = t["obs"]
         action = t["action"].long()
         reward = t["reward"].float()

@@ -123,7 +123,7 @@ class SACAgent(SACPolicy):
         self.low = torch.as_tensor(self.bounds.low, device=self.device)
         self.half_range = torch.as_tensor(self.bounds.half_range, device=self.device)
         self.opt_steps = 0
-        self._stage = BatchStager(self.device)
+        self.stager = BatchStager(self.device)  # how batches reach the device (replaceable: pinned or not)
 
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised squashed actions in [-1, 1] and their log-probabilities."""
@@ -149,7 +149,7 @@ class SACAgent(SACPolicy):
         through :class:`BatchStager`, and metrics and priorities come back in one
         device-to-host copy.
         """
-        t = self._stage({k: batch[k] for k in self.BATCH_KEYS if k in batch})
+        t = self.stager({k: batch[k] for k in self.BATCH_KEYS if k in batch})
         obs, next_obs = t["obs"].float(), t["next_obs"].float()
         action = self.squashed(t["action"])
         reward, discount = t["reward"].float(), t["discount"].float()

@@ -1,0 +1,103 @@
+"""The one start-up of a run, shared by ``zmqrl train`` and the learner (:func:`open_run`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zmqrl.config import Config, dump
+from zmqrl.core import Agent, ReplayBuffer
+from zmqrl.replay import make_replay
+from zmqrl.run.bookkeeping import Bookkeeper, FileWriters
+from zmqrl.run.resume import ResumePoint, read_resume_point, require_checkpoint
+from zmqrl.run.rundir import RunDir
+
+log = logging.getLogger("zmqrl")
+
+STACKING_WRAPPERS = ("atari", "frame_stack")  # wrappers that stack env.frame_stack frames on axis 0
+
+
+@dataclass
+class Run:
+    """A run opened for training (:func:`open_run`)."""
+
+    dir: Path
+    replay: ReplayBuffer
+    book: Bookkeeper
+    agent: Agent | None  # the agent, when it was built here (``make_agent``) or given
+    point: ResumePoint | None  # the checkpoint it continues from, with ``--resume``
+
+
+def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]], *,
+             resume: bool = False, agent: Agent | Callable[[], Agent] | None = None,
+             restore: Callable[[ResumePoint], None] | None = None,
+             extra_state: Callable[[], dict[str, Any]] | None = None,
+             extra_files: Callable[[], FileWriters] | None = None) -> Run:
+    """Start a run: what ``zmqrl train`` and the learner both do before their loops.
+
+    1. With ``resume``, check that the run directory holds a readable ``checkpoints/latest``, before
+       anything slow or anything written.
+    2. The replay the config asks for (``spec``, the algorithm's batch spec, fixes its arrays).
+    3. The agent: given, or built by ``agent()`` (torch loads here); None leaves it to the caller
+       (the learner builds it in the background while data comes in), which attaches it to the
+       bookkeeping later. With ``resume`` an agent is needed: the checkpoint is loaded into it and
+       the replay, and ``restore`` takes the caller's own parts of it (loop counters, env state,
+       the rate limiter); every part is checked before anything is written.
+    4. The run directory and its ``config.yaml``.
+    5. The bookkeeping, taking the checkpoint's counters, evaluations and RNG; what is not exact
+       about the resume is logged.
+    """
+    target = run_dir or cfg.run.run_dir
+    require_checkpoint(target, resume)
+    replay = make_replay_from(cfg, spec)
+    built = agent() if callable(agent) else agent
+    point = None
+    if resume:
+        if built is None:
+            raise ValueError("open_run: resuming needs the agent (or a function that builds it)")
+        assert target  # checked by require_checkpoint
+        point = read_resume_point(cfg, target, built, replay)
+        if restore is not None:
+            restore(point)
+    path = prepare_run_dir(cfg, run_dir)
+    book = Bookkeeper(cfg, path, built, extra_state=extra_state, replay=replay, extra_files=extra_files)
+    if point is not None:
+        book.resume(point)
+        log.info("resumed from %s at opt step %d (%d env steps, model version %d) with %d transitions in replay",
+                 point.directory, book.opt_steps, book.env_steps, book.version, len(replay))
+        if point.notes:
+            log.warning("the resume is not exact: %s", "; ".join(point.notes))
+        else:
+            log.info("the resume is exact: agent, RNGs, envs, pending n-step transitions and replay restored")
+    return Run(path, replay, book, built, point)
+
+
+def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None) -> ReplayBuffer:
+    """The configured replay; image frames are stored once unless ``replay.dedup_frames`` is off.
+
+    ``spec`` (the algorithm's batch spec) fixes the stored arrays before any batch arrives.
+    Torch-free, so the learner can build its replay and start inserting before torch has loaded.
+    """
+    r = cfg.replay
+    stacked = any(w in STACKING_WRAPPERS for w in cfg.env.wrappers)
+    frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1
+    return make_replay(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, r.priority_eps,
+                       seed=cfg.run.seed + 7, frame_stack=frame_stack, schema=spec)
+
+
+def prepare_run_dir(cfg: Config, run_dir: str | Path | None) -> Path:
+    """Create the run directory and write the resolved ``config.yaml``."""
+    if not run_dir:
+        run_dir = cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = RunDir(run_dir)
+    run.checkpoints.mkdir(parents=True, exist_ok=True)
+    run.tb.mkdir(exist_ok=True)
+    cfg.run.run_dir = str(run.path)
+    dump(cfg, run.config)
+    return run.path
