@@ -14,8 +14,8 @@ import zmq
 from zmqrl.agents.dqn.numpy_policy import mlp_param_shapes
 from zmqrl.config import Config
 from zmqrl.roles.actor import MODEL_POLL_S, Actor
-from zmqrl.roles.common import Every, free_port
-from zmqrl.run.lifecycle import StopFlag
+from zmqrl.roles.addresses import free_port
+from zmqrl.run.lifecycle import Every, StopFlag
 from zmqrl.wire import BATCH, Message, SocketOptions, decode, encode_model, make_socket
 
 LEARNER_INC = "learner-test-inc"

@@ -1,7 +1,7 @@
 """Addresses from flags and config: checked where they are parsed, and peers that never answer are
 logged within a second of the connect.
 
-Three layers: :func:`zmqrl.roles.common.endpoint` on good and bad forms; ``zmqrl ROLE`` processes
+Three layers: :func:`zmqrl.roles.addresses.endpoint` on good and bad forms; ``zmqrl ROLE`` processes
 given bad addresses (exit 2, one line naming the flag); and :class:`~zmqrl.wire.monitor.LinkMonitor`
 on real sockets, in this process and in role processes, pointed at a host that never resolves
 (the reserved ``.invalid`` TLD), a closed loopback port and a loopback port that accepts nothing.
@@ -24,8 +24,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from zmqrl.config import ConfigError
-from zmqrl.roles import common
-from zmqrl.roles.common import endpoint, free_port
+from zmqrl.roles import addresses as common
+from zmqrl.roles.addresses import endpoint, free_port
 from zmqrl.wire import SocketOptions, make_socket
 from zmqrl.wire import monitor as monitor_mod
 from zmqrl.wire.monitor import LinkMonitor, note_origin

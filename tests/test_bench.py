@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from zmqrl import bench
 from zmqrl.bench import harness, learner, registry, solve
 from zmqrl.config.algorithms import ALGORITHMS
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import SocketOptions, encode_model, make_socket, new_incarnation
 

@@ -21,7 +21,7 @@ import zmq
 from test_hardening import cartpole_batch, in_process_learner, ingest_until
 
 from procs import Procs, wait_for
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.roles.learner import Learner
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import (

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import zmq
 
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.run.checkpoint import POLICY_FILE
 from zmqrl.tools.enjoy import load_policy
 from zmqrl.wire import BATCH, BUNDLE, STATS, Limits, WireError, decode, unbundle

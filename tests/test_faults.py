@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from procs import Proc, Procs, wait_for
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import encode
 

@@ -26,7 +26,7 @@ import zmq
 from procs import Procs, role_env, wait_for, zmqrl_argv
 from zmqrl.agents.base import apex_epsilon
 from zmqrl.config import Config, ConfigError
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.roles.learner import Learner
 from zmqrl.run.acting import make_task
 from zmqrl.run.rundir import read_json

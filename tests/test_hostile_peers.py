@@ -25,8 +25,8 @@ import zmq
 from procs import Procs, wait_for
 from zmqrl.config import Config
 from zmqrl.replay import make_replay
+from zmqrl.roles.addresses import free_port
 from zmqrl.roles.admission import MAC_KEY, TOKEN_FILE, report_mac
-from zmqrl.roles.common import free_port
 from zmqrl.roles.ingest import FRAME_SLACK, FRAMES_PER_ITEM, ReplayWriter
 from zmqrl.roles.learner import Learner
 from zmqrl.run.acting import make_task
@@ -414,7 +414,7 @@ def test_under_curve_one_admitted_key_cannot_speak_for_another_keys_actor(tmp_pa
     learner = in_process_learner(cartpole_cfg(*sets), tmp_path / "run")
     contexts = []
     try:
-        from zmqrl.roles.common import new_context, options
+        from zmqrl.roles.net import new_context, options
         from zmqrl.wire import SocketOptions, make_socket
 
         def sender(key: str) -> zmq.Socket:

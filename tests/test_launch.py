@@ -23,7 +23,7 @@ import pytest
 
 from netns import Lan, unavailable_reason
 from procs import REPO, Proc, Procs, log_tail, pids_with_arg, wait_for
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.run.rundir import read_json
 
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"

@@ -26,7 +26,7 @@ import pytest
 import zmq
 
 from zmqrl.config import Config
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner
 from zmqrl.run.acting import make_task
 from zmqrl.run.lifecycle import StopFlag
@@ -231,7 +231,7 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_refused_alo
 def test_roles_and_the_launcher_do_not_import_torch() -> None:
     code = ("import sys, zmqrl.cli.app; zmqrl.cli.app.build_parser(); "
             "import zmqrl.roles.learner, zmqrl.roles.proxy, zmqrl.roles.actor, zmqrl.roles.evaluator, "
-            "zmqrl.roles.local, zmqrl.run.bookkeeping; "
+            "zmqrl.roles.launch.local, zmqrl.run.bookkeeping; "
             "sys.exit('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"torch imported at startup of a role or the launcher\n{done.stderr}"
@@ -360,13 +360,13 @@ def test_a_role_signalled_while_importing_its_entry_point_exits_with_its_own_cod
 _LAUNCHER_SIGNALLED_AT_BOTH_ENDS = r'''
 import os, signal, sys
 from zmqrl import cli
-from zmqrl.roles import supervise
+from zmqrl.run import lifecycle
 
 sys.argv = ["zmqrl", *sys.argv[1:]]
 control = bool(os.environ.get("ZMQRL_TEST_CONTROL"))
 if control:  # the launcher as any other command: only its handler while it supervises
     cli.LAUNCHER_COMMANDS = ()
-enter, leave = supervise.StopSignals.__enter__, supervise.StopSignals.__exit__
+enter, leave = lifecycle.StopFlag.__enter__, lifecycle.StopFlag.__exit__
 
 def enter_signalled(self):
     if control:
@@ -380,7 +380,7 @@ def leave_signalled(self, *exc):
     leave(self, *exc)
     os.kill(os.getpid(), signal.SIGTERM)  # its roles are stopped; it has not returned yet
 
-supervise.StopSignals.__enter__, supervise.StopSignals.__exit__ = enter_signalled, leave_signalled
+lifecycle.StopFlag.__enter__, lifecycle.StopFlag.__exit__ = enter_signalled, leave_signalled
 sys.exit(cli.main())
 '''
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import zmq
 
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.wire import (
     BATCH,
     BUNDLE,

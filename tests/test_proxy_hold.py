@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import zmq
 
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.wire import BATCH, BUNDLE, Limits, decode, encode, new_incarnation, unbundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -24,7 +24,8 @@ import zmq
 from zmqrl import config
 from zmqrl.cli.app import build_parser
 from zmqrl.config import ConfigError, NetConfig
-from zmqrl.roles.common import auth_counts, free_port, new_context, options, security_from_net
+from zmqrl.roles.addresses import free_port
+from zmqrl.roles.net import auth_counts, new_context, options, security_from_net
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import (
     BATCH,

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from procs import REPO, log_tail, pids_with_arg, wait_for
-from zmqrl.roles.common import free_port
+from zmqrl.roles.addresses import free_port
 from zmqrl.run import checkpoint
 from zmqrl.run.rundir import read_json
 

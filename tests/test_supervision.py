@@ -26,10 +26,12 @@ import pytest
 
 from procs import REPO, Proc, Procs, log_tail, pid_alive, pids_with_arg, role_env, wait_for, zmqrl_argv
 from zmqrl.config import dump, load
-from zmqrl.roles.common import free_port
-from zmqrl.roles.supervise import START_AFTER_MAX_S, Role, RoleSpec, StopSignals, Supervisor, zmqrl_command
-from zmqrl.roles.supervise import role_env as launcher_role_env
+from zmqrl.roles.addresses import free_port
+from zmqrl.roles.launch.processes import Role, RoleSpec, zmqrl_command
+from zmqrl.roles.launch.processes import role_env as launcher_role_env
+from zmqrl.roles.launch.supervisor import START_AFTER_MAX_S, Supervisor
 from zmqrl.run import checkpoint
+from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
 
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
@@ -209,7 +211,7 @@ def test_role_exit_2_stops_the_run(tmp_path: Path, procs: Procs) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_exit_0_is_restarted_while_the_run_goes_on_and_restarts_are_capped(tmp_path: Path, procs: Procs) -> None:
-    from zmqrl.roles.supervise import FINISH_GRACE_S
+    from zmqrl.roles.launch.supervisor import FINISH_GRACE_S
 
     run_dir = tmp_path / "run"
     procs.sweep_args.append(str(run_dir))
@@ -278,7 +280,7 @@ def test_a_role_that_exits_before_the_stop_is_recorded_as_stopped(tmp_path: Path
     sup._launch(sup.plan(1), first=True)
     sup.roles["actor-0"].proc.wait(timeout=60)  # type: ignore[union-attr]
     assert sup.roles["actor-0"].state == "running"  # exited, not yet looked at
-    with StopSignals() as stop:
+    with StopFlag.launcher() as stop:
         sup._stop_all(stop, external=False)
     sup.write_status()
     roles = supervisor_file(tmp_path / "run", "host-x")["roles"]
@@ -310,7 +312,7 @@ def test_a_role_with_start_after_waits_for_its_file(tmp_path: Path) -> None:
         sup._start_pending(time.monotonic())
         assert sup.roles["evaluator"].starts == 1, "started twice"
     finally:
-        with StopSignals() as stop:
+        with StopFlag.launcher() as stop:
             sup._stop_all(stop, external=False)
     assert {r.state for r in sup.roles.values()} == {"failed"}  # both were still running: TERM ended them
 

@@ -22,7 +22,7 @@ from zmqrl.bench.harness import (
     median,
     save_arrays,
 )
-from zmqrl.roles.common import options
+from zmqrl.roles.net import options
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import BATCH, SocketOptions, encode_model, make_socket, peek_header, send_frames

@@ -22,7 +22,7 @@ from zmqrl.bench.harness import (
     make_row,
     median,
 )
-from zmqrl.roles.common import limits, options
+from zmqrl.roles.net import limits, options
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.wire import (
     MODEL,

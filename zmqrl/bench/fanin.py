@@ -48,8 +48,8 @@ from zmqrl.bench.harness import (
 )
 from zmqrl.bench.learner import Control, actor_meta, learner_config, prefill_pool, prefilled_learner
 from zmqrl.bench.scaling import LIMITER_OFF
-from zmqrl.roles.common import Every, limits, options
-from zmqrl.run.lifecycle import StopFlag
+from zmqrl.roles.net import limits, options
+from zmqrl.run.lifecycle import Every, StopFlag
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import (
     BATCH,

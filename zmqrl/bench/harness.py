@@ -3,7 +3,7 @@
 Group modules (:mod:`zmqrl.bench.replay`, :mod:`zmqrl.bench.actor`, ...) import this module;
 it imports none of them and names no algorithm: each group picks its own configs.
 
-Processes are started as the launchers' :class:`~zmqrl.roles.supervise.Role` (own session,
+Processes are started as the launchers' :class:`~zmqrl.roles.launch.supervisor.Role` (own session,
 one thread, a log file, SIGTERM should the bench die) and stopped with its staged stop;
 results come back through :func:`zmqrl.run.rundir.write_json_atomic` and
 :func:`zmqrl.run.rundir.read_json`. Helper processes are ``python -c`` children running
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zmqrl.roles.common import free_port
-from zmqrl.roles.supervise import Role, RoleSpec, stop_roles
+from zmqrl.roles.addresses import free_port
+from zmqrl.roles.launch.processes import Role, RoleSpec, stop_roles
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json, write_json_atomic
 
@@ -214,7 +214,7 @@ def load_config(path: str | Path, *overrides: str) -> Config:
 
 
 def free_addr() -> str:
-    """``tcp://127.0.0.1:PORT`` on a port :func:`~zmqrl.roles.common.free_port` hands out."""
+    """``tcp://127.0.0.1:PORT`` on a port :func:`~zmqrl.roles.addresses.free_port` hands out."""
     return f"tcp://{HOST}:{free_port(HOST)}"
 
 

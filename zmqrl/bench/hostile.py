@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import zmq
 
-from zmqrl.roles.common import new_context, options
+from zmqrl.roles.net import new_context, options
 from zmqrl.run.rundir import read_json, write_json_atomic
 from zmqrl.wire import (
     BATCH,

@@ -37,8 +37,8 @@ from zmqrl.bench.harness import (
     save_arrays,
     transition_pool,
 )
-from zmqrl.roles.common import limits, options
 from zmqrl.roles.fit import Allowance
+from zmqrl.roles.net import limits, options
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import (

@@ -32,7 +32,7 @@ how many evaluations the learner recorded against how many the evaluator sent, a
 model versions the learner never published.
 
 The launcher is started and stopped as the bench's processes are (:mod:`zmqrl.bench.harness`,
-built on the local launcher's own :class:`~zmqrl.roles.supervise.Role`). This module never imports
+built on the local launcher's own :class:`~zmqrl.roles.launch.supervisor.Role`). This module never imports
 torch: the sampler stays small.
 """
 

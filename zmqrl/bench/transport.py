@@ -24,7 +24,7 @@ from zmqrl.bench.harness import (
     median,
     zmqrl_argv,
 )
-from zmqrl.roles.common import options
+from zmqrl.roles.net import options
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.wire import (
     BATCH,

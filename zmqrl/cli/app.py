@@ -9,7 +9,7 @@ import sys
 from zmqrl.cli import bench, cluster, config, keys, roles, signal_aware_process, tools
 from zmqrl.cli.common import Handler, add_commands
 from zmqrl.config import ConfigError
-from zmqrl.roles.common import EXIT_ADDRESS_IN_USE
+from zmqrl.roles.addresses import EXIT_ADDRESS_IN_USE
 from zmqrl.run.checkpoint import CheckpointError
 from zmqrl.run.lifecycle import catch_stop_signals_early, ignore_stop_signals
 from zmqrl.wire import SocketSetupError

@@ -9,7 +9,7 @@ from zmqrl.cli.common import Command, add_config_args, add_supervision_args, con
 
 
 def run_head(args: argparse.Namespace) -> int:
-    from zmqrl.roles.cluster import run_head as run
+    from zmqrl.roles.launch.cluster import run_head as run
 
     config_from_run_dir(args)
     cfg = load_config(args)
@@ -19,7 +19,7 @@ def run_head(args: argparse.Namespace) -> int:
 
 
 def run_host(args: argparse.Namespace) -> int:
-    from zmqrl.roles.cluster import run_host as run
+    from zmqrl.roles.launch.cluster import run_host as run
 
     cfg = load_config(args)
     return run(cfg, args.config, args.overrides, args.learner, args.actors, args.first_id, args.run_dir,

@@ -64,7 +64,7 @@ def config_from_run_dir(args: argparse.Namespace) -> None:
 
 def add_supervision_args(p: argparse.ArgumentParser) -> None:
     """``--max-restarts`` and ``--fail-fast``, as every launcher takes them."""
-    from zmqrl.roles.supervise import MAX_RESTARTS
+    from zmqrl.roles.launch.supervisor import MAX_RESTARTS
 
     p.add_argument("--max-restarts", type=count, default=MAX_RESTARTS, metavar="N",
                    help=f"restarts allowed per role over the whole run before it stops (default {MAX_RESTARTS})")

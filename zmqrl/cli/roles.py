@@ -14,7 +14,7 @@ from zmqrl.cli.common import (
     load_config,
 )
 from zmqrl.config import ConfigError
-from zmqrl.roles.common import endpoint
+from zmqrl.roles.addresses import endpoint
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -84,7 +84,7 @@ def run_evaluator(args: argparse.Namespace) -> int:
 
 
 def run_local(args: argparse.Namespace) -> int:
-    from zmqrl.roles.local import run_local as run
+    from zmqrl.roles.launch.local import run_local as run
 
     config_from_run_dir(args)
     cfg = load_config(args, [f"actor.num_actors={args.actors}"])

@@ -30,10 +30,11 @@ import numpy as np
 import zmq
 
 from zmqrl.config import Config
-from zmqrl.roles.common import Every, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, Allowance, learner_done, load_if_fits, task_signature
+from zmqrl.roles.net import limits, new_context, options, send_blocking
 from zmqrl.run.acting import ActingLoop, make_task
-from zmqrl.run.lifecycle import StopFlag, seed_everything
+from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
+from zmqrl.run.rundir import write_role_stats
 from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
     MODEL,

@@ -19,11 +19,12 @@ import zmq
 from zmqrl.config import Config
 from zmqrl.envs.evaluator import GreedyEvaluator
 from zmqrl.roles.admission import MAC_KEY, TOKEN_ENV, TOKEN_FILE, eval_token, report_mac
-from zmqrl.roles.common import Every, limits, new_context, options, write_role_stats
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
+from zmqrl.roles.net import limits, new_context, options
 from zmqrl.run import checkpoint
 from zmqrl.run.acting import make_task
-from zmqrl.run.lifecycle import StopFlag, seed_everything
+from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
+from zmqrl.run.rundir import write_role_stats
 from zmqrl.wire import (
     EVAL,
     MODEL,

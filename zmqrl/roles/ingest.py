@@ -26,7 +26,7 @@ import zmq
 from zmqrl.config import Config
 from zmqrl.core import ReplayBuffer
 from zmqrl.replay.uniform import UniformReplay
-from zmqrl.roles.common import limits
+from zmqrl.roles.net import limits
 from zmqrl.roles.peers import meta_problem
 from zmqrl.wire import (
     BATCH,

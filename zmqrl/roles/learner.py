@@ -34,18 +34,17 @@ from zmqrl.config import Config
 from zmqrl.core import Agent, ReplayBuffer
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.roles.admission import EvalAdmission
-from zmqrl.roles.common import Every, auth_counts, limits, new_context, options
 from zmqrl.roles.fit import task_signature
 from zmqrl.roles.ingest import Receiver, ReplayWriter
+from zmqrl.roles.net import auth_counts, limits, new_context, options
 from zmqrl.roles.peers import PeerAccounts, episodes
 from zmqrl.roles.proxy import PROXY_QUEUE
 from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
-from zmqrl.roles.supervise import restart_counts
 from zmqrl.run.acting import make_task
 from zmqrl.run.bookkeeping import replay_values
-from zmqrl.run.lifecycle import StopFlag, seed_everything
+from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
 from zmqrl.run.record import print_run_table
-from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE, RunDir, read_json, write_json_atomic
+from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE, RunDir, read_json, restart_counts, write_json_atomic
 from zmqrl.run.startup import open_run
 from zmqrl.wire import (
     BATCH,
@@ -115,7 +114,7 @@ class Learner:
                        agent=self._make_agent if self._initial is None else None,
                        restore=lambda point: self.limiter.load_state_dict(point.state.get("rate_limiter", {})),
                        extra_state=lambda: {"replay": self.replay.state_dict(),
-                                            "rate_limiter": self.limiter.state_dict()})
+                                            "rate_limiter": self.limiter.state_dict()}, label="learner")
         self.dir, self.replay, self.book = run.dir, run.replay, run.book
         self.rundir = RunDir(self.dir)
         if run.agent is not None:

@@ -24,9 +24,10 @@ from typing import Any
 import zmq
 
 from zmqrl.config import Config
-from zmqrl.roles.common import Every, auth_counts, limits, new_context, options, send_blocking, write_role_stats
 from zmqrl.roles.fit import learner_done
-from zmqrl.run.lifecycle import StopFlag
+from zmqrl.roles.net import auth_counts, limits, new_context, options, send_blocking
+from zmqrl.run.lifecycle import Every, StopFlag
+from zmqrl.run.rundir import write_role_stats
 from zmqrl.wire import (
     BATCH,
     BUNDLE_META_DEPTH,

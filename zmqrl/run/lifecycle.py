@@ -6,6 +6,7 @@ import logging
 import random
 import signal
 import sys
+import time
 from typing import Any
 
 log = logging.getLogger("zmqrl")
@@ -57,33 +58,69 @@ def ignore_stop_signals() -> None:
 
 
 class StopFlag:
-    """Set by SIGINT/SIGTERM so a loop can finish its step and flush what it owes.
+    """Set by SIGINT/SIGTERM so a loop can finish its step and flush what it owes; ``count`` counts them.
 
-    A second signal raises KeyboardInterrupt: the operator means *now*.
+    A role (``escalate`` True, the default) takes a second signal as *now*: it raises
+    KeyboardInterrupt. A launcher (``escalate`` False) never raises: it passes each further signal
+    on to its roles (SIGTERM, then SIGKILL) as it stops them. A signal that came while the process
+    was starting (:func:`catch_stop_signals_early`) counts as the first.
     """
 
-    def __init__(self) -> None:
-        self.set = False
+    def __init__(self, escalate: bool = True, what: str = "stopping after the current step") -> None:
+        self.escalate, self.what = escalate, what
+        self.count = 0
         self.signal_name = ""
         self._previous: dict[int, Any] = {}
+
+    @classmethod
+    def launcher(cls) -> StopFlag:
+        """The flag of a launcher, which stops its roles step by step and never raises."""
+        return cls(escalate=False, what="stopping every role")
+
+    @property
+    def set(self) -> bool:
+        return self.count > 0
+
+    @set.setter
+    def set(self, value: bool) -> None:
+        """Set (or clear) it from the program itself: a stop asked for without a signal."""
+        self.count = max(self.count, 1) if value else 0
 
     def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
         early = take_early_stop_signal()
         if early:  # signalled while starting: stop at the first step
-            self.signal_name = early
-            log.info("received %s while starting: stopping after the first step", self.signal_name)
-            self.set = True
+            self.count, self.signal_name = 1, early
+            log.info("received %s while starting: %s", early, self.what)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.set:
+        name = signal.Signals(signum).name
+        if self.count and self.escalate:
             raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-        log.info("received %s: stopping after the current step", self.signal_name)
-        self.set = True
+        self.count += 1
+        if self.count == 1:
+            self.signal_name = name
+            log.info("received %s: %s", name, self.what)
+        else:
+            log.warning("received %s again (%d): stopping the roles %s", name, self.count,
+                        "now" if self.count == 2 else "by SIGKILL")
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+class Every:
+    """True once per ``interval_s``: for periodic work inside a loop."""
+
+    def __init__(self, interval_s: float, now: bool = False) -> None:
+        self.interval_s = interval_s
+        self._next = time.monotonic() + (0.0 if now else interval_s)
+
+    def __call__(self) -> bool:
+        t = time.monotonic()
+        if t >= self._next:
+            self._next = t + self.interval_s
+            return True
+        return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,10 @@ class RunDir:
     def supervisor(self) -> Path:
         return self.path / SUPERVISOR_DIR
 
+    def supervisor_status(self, launcher: str) -> Path:
+        """``supervisor/NAME.json``: a launcher's status (its roles, starts, exits, restarts)."""
+        return self.supervisor / f"{launcher}.json"
+
     def is_run_dir(self) -> bool:
         """Whether it holds what a run writes: ``config.yaml``, ``summary.json`` or a launcher's status."""
         return any(mark.exists() for mark in (self.config, self.summary, self.supervisor))
@@ -170,3 +175,34 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_role_stats(run_dir: str | None, name: str, stats: dict[str, Any]) -> None:
+    """``RUN_DIR/roles/NAME.json``: what a role did, for the launcher, tests and humans."""
+    if not run_dir:
+        return
+    run = RunDir(run_dir)
+    run.roles.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run.role_stats(name), {"pid": os.getpid(), "time": time.time(), **stats})
+
+
+def read_status_files(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """Every launcher's status file in ``run_dir/supervisor/``, by launcher name."""
+    found = {}
+    for path in sorted(RunDir(run_dir).supervisor.glob("*.json")):
+        data = read_json(path)
+        if data is not None:
+            found[path.stem] = data
+    return found
+
+
+def restart_counts(run_dir: str | Path) -> dict[str, int]:
+    """Restarts per role over every launcher of the run (what ``summary.json`` reports)."""
+    counts: dict[str, int] = {}
+    for launcher in read_status_files(run_dir).values():
+        roles = launcher.get("roles")
+        for name, entry in (roles.items() if isinstance(roles, dict) else []):
+            restarts = entry.get("restarts") if isinstance(entry, dict) else None
+            if isinstance(restarts, int) and not isinstance(restarts, bool):
+                counts[name] = counts.get(name, 0) + restarts
+    return counts

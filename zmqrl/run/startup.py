@@ -38,7 +38,7 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
              resume: bool = False, agent: Agent | Callable[[], Agent] | None = None,
              restore: Callable[[ResumePoint], None] | None = None,
              extra_state: Callable[[], dict[str, Any]] | None = None,
-             extra_files: Callable[[], FileWriters] | None = None) -> Run:
+             extra_files: Callable[[], FileWriters] | None = None, label: str = "") -> Run:
     """Start a run: what ``zmqrl train`` and the learner both do before their loops.
 
     1. With ``resume``, check that the run directory holds a readable ``checkpoints/latest``, before
@@ -51,7 +51,7 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
        the rate limiter); every part is checked before anything is written.
     4. The run directory and its ``config.yaml``.
     5. The bookkeeping, taking the checkpoint's counters, evaluations and RNG; what is not exact
-       about the resume is logged.
+       about the resume is logged (``label``, e.g. ``learner``, starts its lines).
     """
     target = run_dir or cfg.run.run_dir
     require_checkpoint(target, resume)
@@ -69,12 +69,13 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
     book = Bookkeeper(cfg, path, built, extra_state=extra_state, replay=replay, extra_files=extra_files)
     if point is not None:
         book.resume(point)
-        log.info("resumed from %s at opt step %d (%d env steps, model version %d) with %d transitions in replay",
-                 point.directory, book.opt_steps, book.env_steps, book.version, len(replay))
+        who = f"{label}: " if label else ""
+        log.info("%sresumed from %s at opt step %d (%d env steps, model version %d) with %d transitions in replay",
+                 who, point.directory, book.opt_steps, book.env_steps, book.version, len(replay))
         if point.notes:
-            log.warning("the resume is not exact: %s", "; ".join(point.notes))
+            log.warning("%sthe resume is not exact: %s", who, "; ".join(point.notes))
         else:
-            log.info("the resume is exact: agent, RNGs, envs, pending n-step transitions and replay restored")
+            log.info("%sthe resume is exact: agent, RNGs, envs, pending n-step transitions and replay restored", who)
     return Run(path, replay, book, built, point)
 
 

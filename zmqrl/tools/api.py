@@ -66,7 +66,7 @@ def run_local(cfg: Config, actors: int = 2, run_dir: str | Path | None = None,
     The roles read ``cfg`` from a YAML copy made for them. A role that fails is a
     :class:`RuntimeError` naming the exit code and the directory of the roles' logs.
     """
-    from zmqrl.roles.local import run_local as launch
+    from zmqrl.roles.launch.local import run_local as launch
 
     if actors < 1:
         raise ConfigError(f"actors must be >= 1, got {actors}")

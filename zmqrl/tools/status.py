@@ -24,8 +24,7 @@ from typing import Any, TextIO
 import yaml
 
 from zmqrl.config import ConfigError
-from zmqrl.roles.supervise import read_status_files
-from zmqrl.run.rundir import SUPERVISOR_DIR, read_json
+from zmqrl.run.rundir import SUPERVISOR_DIR, read_json, read_status_files
 
 COLUMNS = ("role", "host", "id", "incarnation", "state", "env steps/s", "batches", "lost", "lag (versions)",
            "last seen", "restarts")

@@ -1,26 +1,17 @@
-"""What every role shares: addresses, limits, socket options and security from config, role stats files."""
+"""Addresses of roles: ``tcp://HOST:PORT`` from flags and config, checked and named in errors; free ports."""
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
-import os
 import random
 import re
 import socket
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
-import zmq
-
-from zmqrl.config import ConfigError, NetConfig
-from zmqrl.run.rundir import write_json_atomic
-from zmqrl.wire import Limits, SecureContext, Security, SecurityError, SocketOptions, send_frames
+from zmqrl.config import ConfigError
 from zmqrl.wire.monitor import note_origin
 
 log = logging.getLogger("zmqrl")
@@ -186,126 +177,3 @@ def free_port(host: str = "127.0.0.1") -> int:
             _HANDED_OUT.add((host, port))
             return port
     raise OSError(f"no free TCP port on {host} that this process has not handed out already")
-
-
-def limits(net: NetConfig, *kinds: str) -> Limits:
-    """Receive limits for the kinds a socket may carry."""
-    return Limits.only(kinds, max_message_bytes=int(net.max_message_mb * 2**20))
-
-
-def options(net: NetConfig, base: SocketOptions, data_path: bool = False) -> SocketOptions:
-    """Apply the config's heartbeat settings to a socket preset.
-
-    ``data_path`` sockets (the back-pressured PUSH/PULL batch links) get no ZMTP heartbeats:
-    a receiver that stops reading to push back also stops reading heartbeats, the peer's
-    heartbeat timeout then drops the connection and the batches queued on it. Those links
-    queue across reconnects instead (IMMEDIATE off) and rely on TCP keepalive; dead peers
-    are still noticed in seconds on the model and evaluation links, which never push back.
-
-    The config's security (``net.security``) is carried along: see :func:`security_from_net`.
-    """
-    security = security_from_net(net)
-    if data_path:
-        return replace(base, heartbeat_ivl_ms=0, heartbeat_timeout_ms=0, heartbeat_ttl_ms=0, immediate=False,
-                       tcp_keepalive_s=net.data_keepalive_s, security=security)
-    return replace(base, heartbeat_ivl_ms=net.heartbeat_ms, heartbeat_timeout_ms=net.heartbeat_timeout_ms,
-                   heartbeat_ttl_ms=net.heartbeat_timeout_ms, security=security)
-
-
-def security_from_net(net: NetConfig) -> Security | None:
-    """The process's CURVE keys for ``net`` (None when ``net.security`` is none), read from disk once.
-
-    Raises :class:`ConfigError` naming the missing or bad key file and the ``net.*`` setting.
-    """
-    if net.security == "none":
-        return None
-    if net.security != "curve":
-        raise ConfigError(f"net.security must be one of none, curve, got {net.security!r}")
-    return _load_curve(net.keys_dir, net.server_key, net.client_key, net.allowed_clients_dir)
-
-
-@lru_cache(maxsize=8)
-def _load_curve(keys_dir: str, server_key: str, client_key: str, allowed_clients_dir: str) -> Security:
-    try:
-        return Security.curve(keys_dir, server_key, client_key, allowed_clients_dir, label="net.")
-    except SecurityError as exc:
-        raise ConfigError(f"net.security=curve: {exc}") from None
-
-
-def new_context(net: NetConfig | None = None) -> zmq.Context:
-    """One context per process (never shared across fork).
-
-    With ``net.security: curve`` the keys are loaded now (a bad key setup fails here, before any
-    socket) and the context is a :class:`SecureContext`: the first socket that binds starts its ZAP
-    authenticator, and ``ctx.term()`` stops it first, so closing never hangs on it.
-    """
-    security = security_from_net(net) if net is not None else None
-    if security is None:
-        return zmq.Context(io_threads=1)
-    return SecureContext.create(security, io_threads=1)
-
-
-def close_context(ctx: zmq.Context) -> None:
-    """Terminate ``ctx`` (its sockets must be closed), stopping a ZAP authenticator first."""
-    ctx.term()
-
-
-def auth_counts(ctx: zmq.Context) -> dict[str, int]:
-    """CURVE handshakes admitted and refused by ``ctx``'s servers (empty without security)."""
-    return ctx.auth_counts() if isinstance(ctx, SecureContext) else {}
-
-
-def write_role_stats(run_dir: str | None, name: str, stats: dict[str, Any]) -> None:
-    """``RUN_DIR/roles/NAME.json``: what a role did, for the launcher, tests and humans."""
-    if not run_dir:
-        return
-    path = Path(run_dir) / "roles"
-    path.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path / f"{name}.json", {"pid": os.getpid(), "time": time.time(), **stats})
-
-
-def read_json(path: str | Path) -> dict[str, Any] | None:
-    """A JSON file, or None while it does not exist (or is being replaced)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def send_blocking(sock: zmq.Socket, frames: list[Any], stop: Any, on_block: Callable[[], object],
-                  while_blocked: Callable[[], object]) -> tuple[int | None, float]:
-    """Send with back-pressure: wait while the peer is not taking messages, never past ``stop.set``.
-
-    ``on_block`` runs once when the wait starts (log it), ``while_blocked`` every 100 ms of
-    waiting (keep other sockets read). Returns (bytes sent or None if stopped, seconds blocked).
-    """
-    blocked_since = None
-    while True:
-        try:
-            sent = send_frames(sock, frames, flags=zmq.NOBLOCK)
-            break
-        except zmq.Again:
-            if blocked_since is None:
-                blocked_since = time.monotonic()
-                on_block()
-            if stop.set:
-                return None, time.monotonic() - blocked_since
-            sock.poll(100, zmq.POLLOUT)
-            while_blocked()
-    return sent, (time.monotonic() - blocked_since if blocked_since is not None else 0.0)
-
-
-class Every:
-    """True once per ``interval_s``: for periodic work inside a loop."""
-
-    def __init__(self, interval_s: float, now: bool = False) -> None:
-        self.interval_s = interval_s
-        self._next = time.monotonic() + (0.0 if now else interval_s)
-
-    def __call__(self) -> bool:
-        t = time.monotonic()
-        if t >= self._next:
-            self._next = t + self.interval_s
-            return True
-        return False

@@ -1,7 +1,7 @@
 """Local launcher: learner, proxy, N actors and the evaluator on this machine, as supervised processes.
 
 Each role runs as ``python -m zmqrl.cli ROLE ...`` with its log in ``RUN_DIR/logs/ROLE.log``,
-under a :class:`~zmqrl.roles.supervise.Supervisor`: a role that dies is started again (the
+under a :class:`~zmqrl.roles.launch.supervisor.Supervisor`: a role that dies is started again (the
 learner with ``--resume`` once the run has a checkpoint), a role that exits 2 stops the run, and
 Ctrl-C or SIGTERM stops every role. The launcher shows one progress view (read from the learner's
 ``summary.json``) and counts restarts in ``RUN_DIR/supervisor/local.json``.
@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from zmqrl.config import Config, ConfigError
-from zmqrl.roles.common import free_port
-from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
+from zmqrl.roles.addresses import free_port
+from zmqrl.roles.launch.processes import RoleSpec, zmqrl_command
+from zmqrl.roles.launch.supervisor import MAX_RESTARTS, Supervisor
 from zmqrl.run import checkpoint
+from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.record import print_run_table
 from zmqrl.run.rundir import FIRST_UPDATE_FILE, read_json, write_json_atomic
 
@@ -93,7 +95,7 @@ def run_local(cfg: Config, config_path: str | None, overrides: list[str], actors
     started = time.monotonic()
     supervisor = Supervisor("local", "local", path, plan, anchor="learner", max_restarts=max_restarts,
                             fail_fast=fail_fast, resume=resume, grace_s=GRACE_S, progress_total=cfg.trainer.max_opts)
-    with StopSignals() as stop:
+    with StopFlag.launcher() as stop:
         outcome = supervisor.run(stop)
     summary = read_json(summary_path) or {}
     restarts = {n: r.restarts for n, r in supervisor.roles.items() if r.restarts}

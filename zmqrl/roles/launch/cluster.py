@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 from zmqrl.config import Config, ConfigError
-from zmqrl.roles.common import free_port
-from zmqrl.roles.local import config_args, require_resumable
-from zmqrl.roles.supervise import MAX_RESTARTS, RoleSpec, StopSignals, Supervisor, zmqrl_command
+from zmqrl.roles.addresses import free_port
+from zmqrl.roles.launch.local import config_args, require_resumable
+from zmqrl.roles.launch.processes import RoleSpec, zmqrl_command
+from zmqrl.roles.launch.supervisor import MAX_RESTARTS, Supervisor
+from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import FIRST_UPDATE_FILE
 
 log = logging.getLogger("zmqrl")
@@ -91,7 +93,7 @@ def run_head(cfg: Config, config_path: str | None, overrides: list[str], run_dir
              " and the evaluator" if evaluator else "", path / "logs")
     supervisor = Supervisor("head", "head", path, plan, anchor="learner", max_restarts=max_restarts,
                             fail_fast=fail_fast, resume=resume, grace_s=grace_s, progress_total=cfg.trainer.max_opts)
-    with StopSignals() as stop:
+    with StopFlag.launcher() as stop:
         outcome = supervisor.run(stop)
     log.info("head: %s; restarts %s", outcome.reason,
              {n: r.restarts for n, r in supervisor.roles.items() if r.restarts} or "none")
@@ -143,7 +145,7 @@ def run_host(cfg: Config, config_path: str | None, overrides: list[str], learner
     started = time.monotonic()
     supervisor = Supervisor(f"host-{name}", "host", path, plan, anchor="actors", max_restarts=max_restarts,
                             fail_fast=fail_fast, grace_s=grace_s)
-    with StopSignals() as stop:
+    with StopFlag.launcher() as stop:
         outcome = supervisor.run(stop)
     log.info("host %s: %s after %.1fs; restarts %s", name, outcome.reason, time.monotonic() - started,
              {n: r.restarts for n, r in supervisor.roles.items() if r.restarts} or "none")

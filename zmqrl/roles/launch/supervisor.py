@@ -31,24 +31,22 @@ A second signal to the launcher passes SIGTERM on to every role at once; a third
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from zmqrl.roles.common import EXIT_ADDRESS_IN_USE
+from zmqrl.roles.addresses import EXIT_ADDRESS_IN_USE
+from zmqrl.roles.launch.processes import Role, RoleSpec, signals_reach_roles, stop_in_stages
 from zmqrl.run import checkpoint
-from zmqrl.run.lifecycle import take_early_stop_signal
+from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.record import Progress
-from zmqrl.run.rundir import read_json, write_json_atomic
+from zmqrl.run.rundir import RunDir, read_json, write_json_atomic
 
 log = logging.getLogger("zmqrl")
 
@@ -61,150 +59,6 @@ BACKOFF_RESET_S = 60.0  # a role that ran this long before exiting restarts afte
 FINISH_GRACE_S = 10.0  # a role that exited 0 is started again if its launcher is still running after this
 STATUS_INTERVAL_S = 2.0  # RUN_DIR/supervisor/NAME.json is rewritten at least this often
 START_AFTER_MAX_S = 30.0  # a role waiting for its start_after file starts anyway after this long
-SUPERVISOR_DIR = "supervisor"
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory this zmqrl package is in
-STAGES = ("actor", "proxy")  # stopped first, in this order; every other kind after them
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def signals_reach_roles() -> bool:
-    """True where the scheduler signals every process of the launcher's job step itself.
-
-    That is a Slurm step started by ``srun`` (``scancel`` and ``scancel --signal`` reach every
-    process of the step, the roles included). ``ZMQRL_SIGNALS_REACH_ROLES=1`` (or ``0``) says so
-    explicitly, e.g. under systemd's ``KillMode=control-group``.
-    """
-    explicit = os.environ.get("ZMQRL_SIGNALS_REACH_ROLES")
-    if explicit in ("0", "1"):
-        return explicit == "1"
-    return bool(os.environ.get("SLURM_STEP_ID"))
-
-
-def role_env() -> dict[str, str]:
-    """Every role's environment: the launcher's, unbuffered, one math thread.
-
-    ``python -m`` puts the working directory first on ``sys.path``, so a ``zmqrl/`` there (another
-    checkout, an older version) would be what the roles import while the launcher runs its own.
-    Unless the launcher's package is the one in the working directory, roles start with
-    ``PYTHONSAFEPATH`` (Python 3.11+), which leaves the working directory off the path.
-    """
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if PACKAGE_ROOT != Path.cwd().resolve():
-        env["PYTHONSAFEPATH"] = "1"
-    return env
-
-
-def zmqrl_command(role: str, config_args: list[str], *args: str) -> list[str]:
-    """``python -m zmqrl.cli ROLE CONFIG --set ... ARGS``: a role run with this launcher's Python."""
-    return [sys.executable, "-m", "zmqrl.cli", role, *config_args, *args]
-
-
-@dataclass
-class RoleSpec:
-    """What to run for one role: its unique name (``actor-3``), kind and command line."""
-
-    name: str
-    kind: str  # learner, proxy, actor or evaluator
-    argv: list[str]
-    start_after: str = ""  # a file in the run directory: start once this launch has written it (or after
-    # START_AFTER_MAX_S), so the role does not compete with the others' start; "" = at once
-
-
-@dataclass
-class Role:
-    """One supervised role: its current process, its log and its history."""
-
-    spec: RoleSpec
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    state: str = "pending"  # pending, running, waiting (to restart), finished, failed, stopped
-    starts: int = 0
-    restarts: int = 0
-    in_a_row: int = 0  # restarts since the role last ran BACKOFF_RESET_S
-    started_at: float = 0.0  # monotonic
-    restart_at: float = 0.0  # monotonic, while waiting
-    finished_at: float = 0.0  # monotonic, after an exit 0
-    last_exit: int | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)  # one entry per exit
-    _log: IO[bytes] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def kind(self) -> str:
-        return self.spec.kind
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self, argv: list[str], append: bool) -> None:
-        self.close_log()
-        self._log = open(self.log_path, "ab" if append else "wb")
-        if append and self.log_path.stat().st_size:
-            self._log.write(f"--- {time.strftime('%H:%M:%S')} start {self.starts + 1}: "
-                            f"{' '.join(argv[3:])}\n".encode())
-            self._log.flush()
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=role_env(), start_new_session=True, preexec_fn=_die_with_parent)
-        self.starts += 1
-        self.state = "running"
-        self.started_at = time.monotonic()
-
-    def close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            try:
-                self.proc.send_signal(sig)  # type: ignore[union-attr]
-            except ProcessLookupError:
-                pass
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "    (no log)"
-        return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
-
-
-def stop_roles(roles: Iterable[Role], grace_s: float) -> None:
-    """Stop processes outside a supervisor (the bench, tools): actors, then proxies, then the rest,
-    each SIGTERMed and given a share of ``grace_s``; whatever is left at the end is killed."""
-    roles = list(roles)
-    live = [r for r in roles if r.alive()]
-    deadline = time.monotonic() + grace_s
-    stages = [[r for r in live if r.kind == kind] for kind in STAGES] + [[r for r in live if r.kind not in STAGES]]
-    for stage in stages:
-        for role in stage:
-            role.signal(signal.SIGTERM)
-        stage_deadline = min(deadline, time.monotonic() + grace_s / 3)
-        for role in stage:
-            try:
-                role.proc.wait(timeout=max(0.0, stage_deadline - time.monotonic()))  # type: ignore[union-attr]
-            except subprocess.TimeoutExpired:
-                pass
-    for role in live:
-        try:
-            role.proc.wait(timeout=max(0.0, deadline - time.monotonic()))  # type: ignore[union-attr]
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0fs; killing it", role.name, grace_s)
-            role.proc.kill()  # type: ignore[union-attr]
-            role.proc.wait()  # type: ignore[union-attr]
-    for role in roles:
-        role.close_log()
-
-
 @dataclass
 class Outcome:
     """How a supervised launch ended: the exit code, and the role that could not bind (None otherwise)."""
@@ -213,40 +67,6 @@ class Outcome:
     reason: str
     unbound: str | None = None
 
-
-class StopSignals:
-    """SIGINT/SIGTERM for a launcher: counts them, never raises (the launcher escalates step by step)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.signal_name = ""
-        self._previous: dict[int, Any] = {}
-
-    @property
-    def set(self) -> bool:
-        return self.count > 0
-
-    def __enter__(self) -> StopSignals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        early = take_early_stop_signal()
-        if early:  # signalled while the launcher started: stop every role as soon as they are up
-            self.count, self.signal_name = 1, early
-            log.info("received %s while starting: stopping every role", early)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        if self.count == 1:
-            self.signal_name = signal.Signals(signum).name
-            log.info("received %s: stopping every role", self.signal_name)
-        else:
-            log.warning("received %s again (%d): stopping the roles %s", signal.Signals(signum).name, self.count,
-                        "now" if self.count == 2 else "by SIGKILL")
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 class Supervisor:
@@ -265,9 +85,9 @@ class Supervisor:
         self.name, self.launcher, self.dir, self.plan = name, launcher, run_dir, plan
         self.anchor, self.max_restarts, self.fail_fast, self.resume = anchor, max_restarts, fail_fast, resume
         self.grace_s = grace_s
-        self.log_dir = run_dir / "logs"
+        self.log_dir = RunDir(run_dir).logs
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.status_path = run_dir / SUPERVISOR_DIR / f"{name}.json"
+        self.status_path = RunDir(run_dir).supervisor_status(name)
         self.status_path.parent.mkdir(parents=True, exist_ok=True)
         self.roles: dict[str, Role] = {}
         self.started = time.time()
@@ -285,7 +105,7 @@ class Supervisor:
     def _latest_signature(self) -> tuple[int, int] | None:
         """(inode, mtime) of ``checkpoints/latest``'s state file, or None when there is none."""
         try:
-            state = checkpoint.resolve(self.dir / "checkpoints" / "latest") / checkpoint.STATE_FILE
+            state = checkpoint.resolve(RunDir(self.dir).latest) / checkpoint.STATE_FILE
             st = state.stat()
         except (checkpoint.CheckpointError, OSError):
             return None
@@ -303,7 +123,7 @@ class Supervisor:
         return argv
 
     # --- the loop ----------------------------------------------------------------------------
-    def run(self, stop: StopSignals) -> Outcome:
+    def run(self, stop: StopFlag) -> Outcome:
         """Launch (again on fresh ports after a failed bind) until the run ends or ``stop``; returns how it ended."""
         outcome = Outcome(0, "stopped")
         try:
@@ -364,7 +184,7 @@ class Supervisor:
                 self._first_start(role)
                 self.write_status()
 
-    def _watch(self, stop: StopSignals) -> Outcome:
+    def _watch(self, stop: StopFlag) -> Outcome:
         """Poll the roles until the launch ends (or ``stop``); restart those that died."""
         while not stop.set:
             now = time.monotonic()
@@ -484,7 +304,7 @@ class Supervisor:
     def _show_progress(self) -> None:
         if self._progress is None:
             return
-        summary = read_json(self.dir / "summary.json")
+        summary = read_json(RunDir(self.dir).summary)
         if not summary:
             return
         fields = {"env": summary.get("env_steps"), "ret": summary.get("train_return_recent"),
@@ -497,7 +317,7 @@ class Supervisor:
         self._progress.update(int(summary.get("opt_steps") or 0), fields)
 
     # --- stopping ------------------------------------------------------------------------------
-    def _stop_all(self, stop: StopSignals, external: bool) -> None:
+    def _stop_all(self, stop: StopFlag, external: bool) -> None:
         """Stop every role: actors, then proxies, then the rest; kill what is left after the grace period.
 
         ``external``: the launcher itself was signalled. Inside a Slurm step every role got that
@@ -517,21 +337,7 @@ class Supervisor:
         if signalled:
             log.info("%s: every role got the scheduler's signal too; waiting up to %.0fs for them to stop",
                      self.name, self.grace_s)
-        deadline = time.monotonic() + self.grace_s
-        stages = [[r for r in live if r.kind == kind] for kind in STAGES]
-        stages.append([r for r in live if r.kind not in STAGES])
-        escalated = stop.count
-        for stage in stages:
-            if not signalled:
-                for role in stage:
-                    role.signal(signal.SIGTERM)
-            stage_deadline = min(deadline, time.monotonic() + self.grace_s / 3)
-            escalated = self._wait(stage, stage_deadline, stop, escalated, live)
-        escalated = self._wait(live, deadline, stop, escalated, live)
-        for role in live:
-            if role.alive():
-                log.warning("%s: %s did not stop within %.0fs; killing it", self.name, role.name, self.grace_s)
-                role.proc.kill()  # type: ignore[union-attr]
+        stop_in_stages(live, self.grace_s, send=not signalled, signals=lambda: stop.count, name=self.name)
         for role in live:
             self._stopped(role)
 
@@ -543,21 +349,6 @@ class Supervisor:
         role.state = "stopped" if role.last_exit == 0 else "killed" if role.last_exit == -9 else "failed"
         role.close_log()
 
-    def _wait(self, roles: Iterable[Role], deadline: float, stop: StopSignals, escalated: int,
-              live: list[Role]) -> int:
-        """Wait for ``roles`` to exit until ``deadline``; a further signal to the launcher escalates."""
-        for role in roles:
-            while role.alive() and time.monotonic() < deadline:
-                if stop.count > escalated:
-                    escalated = stop.count
-                    sig = signal.SIGTERM if escalated == 2 else signal.SIGKILL
-                    for other in live:
-                        other.signal(sig)
-                try:
-                    role.proc.wait(timeout=min(0.1, max(0.0, deadline - time.monotonic())))  # type: ignore[union-attr]
-                except subprocess.TimeoutExpired:
-                    pass
-        return escalated
 
     # --- the status file -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -586,25 +377,3 @@ class Supervisor:
             write_json_atomic(self.status_path, self.status())
         except OSError as exc:
             log.warning("%s: could not write %s: %s", self.name, self.status_path, exc)
-
-
-def read_status_files(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every launcher's status file in ``run_dir/supervisor/``, by launcher name."""
-    found = {}
-    for path in sorted((run_dir / SUPERVISOR_DIR).glob("*.json")):
-        data = read_json(path)
-        if data is not None:
-            found[path.stem] = data
-    return found
-
-
-def restart_counts(run_dir: Path) -> dict[str, int]:
-    """Restarts per role over every launcher of the run (what ``summary.json`` reports)."""
-    counts: dict[str, int] = {}
-    for launcher in read_status_files(run_dir).values():
-        roles = launcher.get("roles")
-        for name, entry in (roles.items() if isinstance(roles, dict) else []):
-            restarts = entry.get("restarts") if isinstance(entry, dict) else None
-            if isinstance(restarts, int) and not isinstance(restarts, bool):
-                counts[name] = counts.get(name, 0) + restarts
-    return counts
