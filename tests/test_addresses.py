@@ -193,7 +193,6 @@ class Watched:
     def wait_for_line(self, caplog: pytest.LogCaptureFixture, text: str, timeout: float = FIRST_LINE_S) -> float:
         """Seconds from the connect until a warning holding ``text`` is logged (polling every 0.1 s)."""
         def seen() -> bool:
-            self.link.poll()
             return any(text in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
         wait_for(seen, timeout, f"a warning with {text!r}", diag=lambda: caplog.text)
         return time.monotonic() - self.started
@@ -218,7 +217,7 @@ def test_monitor_reports_a_closed_port_within_a_second(ctx: zmq.Context, caplog:
                         f"to proxy (--proxy); still trying every 0.5s")
         assert took < FIRST_LINE_S
         # Rate-limited: the attempts go on (every 0.1-0.5 s), the line does not repeat within REPEAT_S.
-        wait_for(lambda: watched.link.poll() or watched.link.connect_failures >= 4, 10.0, "four failed attempts")
+        wait_for(lambda: watched.link.connect_failures >= 4, 10.0, "four failed attempts")
         assert len(warnings(caplog, "nothing answers")) == 1
         assert watched.link.stats()["connect_failures"] >= 4
     finally:
@@ -314,7 +313,7 @@ def test_monitor_repeats_with_how_long(ctx: zmq.Context, caplog: pytest.LogCaptu
     monkeypatch.setattr(monitor_mod, "REPEAT_S", 0.5)
     watched = Watched(ctx, f"tcp://127.0.0.1:{free_port()}")
     try:
-        wait_for(lambda: watched.link.poll() or len(warnings(caplog, "nothing answers")) >= 2, 10.0, "a second line",
+        wait_for(lambda: len(warnings(caplog, "nothing answers")) >= 2, 10.0, "a second line",
                  diag=lambda: caplog.text)
         first, second = warnings(caplog, "nothing answers")[:2]
         assert "not up for" not in first
@@ -345,9 +344,9 @@ def test_monitor_is_quiet_about_a_peer_that_answers(ctx: zmq.Context, caplog: py
     address = pull.getsockopt(zmq.LAST_ENDPOINT).decode()
     watched = Watched(ctx, address)
     try:
-        wait_for(lambda: watched.link.poll() or watched.link.peers == 1, 10.0, "the link up")
+        wait_for(lambda: watched.link.peers == 1, 10.0, "the link up")
         quiet_until = watched.started + 3 * monitor_mod.GRACE_S  # past the first report's time
-        wait_for(lambda: watched.link.poll() or time.monotonic() >= quiet_until, 10.0, "the grace period to pass")
+        wait_for(lambda: time.monotonic() >= quiet_until, 10.0, "the grace period to pass")
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
         assert f"actor-0: link to proxy {address} up" in caplog.text
         assert watched.link.connect_failures == 0
@@ -381,11 +380,11 @@ def test_a_link_is_one_connection_and_its_loss_is_reported(ctx: zmq.Context,
     link = LinkMonitor(push, "actor-0", f"to proxy {address}")
     try:
         assert pull.poll(5000) and pull.recv(zmq.NOBLOCK) == b"first"
-        wait_for(lambda: link.poll() or link.up == 1, 10.0, "the handshake seen")
+        wait_for(lambda: link.up == 1, 10.0, "the handshake seen")
         assert link.peers == 1 and not link.down and "actor-0: link to proxy" in caplog.text
         wait_for(lambda: peer_events() or accepted, 10.0, "the connection accepted")
         pull.close(linger=0)
-        wait_for(lambda: link.poll() or link.down, 10.0, "the loss seen", diag=lambda: caplog.text)
+        wait_for(lambda: link.down, 10.0, "the loss seen", diag=lambda: caplog.text)
         peer_events()
         assert (accepted, link.up, link.drops, link.peers) == (1, 1, 1, 0)
         assert len(warnings(caplog, f"actor-0: link to proxy {address} lost")) == 1

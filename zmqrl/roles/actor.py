@@ -31,27 +31,23 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, Allowance, learner_done, load_if_fits, task_signature
-from zmqrl.roles.net import limits, new_context, options, send_blocking
+from zmqrl.roles.net import limits, options, send_blocking
+from zmqrl.roles.skeleton import RoleProcess, serve
 from zmqrl.run.acting import ActingLoop, make_task
 from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
-from zmqrl.run.rundir import write_role_stats
 from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
     MODEL,
     SUPPORTED_VERSIONS,
     BatchEncoder,
     Message,
-    RateLimitedLog,
     SocketOptions,
     VersionTracker,
     WireError,
     drain_latest_model,
     encode_hello,
-    make_socket,
-    new_incarnation,
     send_frames,
 )
-from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
@@ -116,16 +112,15 @@ class ActorStats:
         return self.as_dict() if full else {"env_steps": self.env_steps}
 
 
-class Actor:
+class Actor(RoleProcess):
     """One actor process: envs, local policy, and its two sockets."""
 
     def __init__(self, cfg: Config, index: int, proxy_addr: str, model_addr: str,
                  run_dir: str | None = None) -> None:
         if cfg.actor.nice:
             lower_priority(cfg.actor.nice)
-        self.cfg, self.index, self.run_dir = cfg, index, run_dir
-        self.name = f"actor-{index}"
-        self.incarnation = new_incarnation()
+        super().__init__(cfg, f"actor-{index}", run_dir)
+        self.index = index
         self.seed = cfg.run.seed + 1000 * (index + 1)
         seed_everything(self.seed)
         task = make_task(cfg)
@@ -135,16 +130,14 @@ class Actor:
         self.priorities = cfg.actor.compute_priorities and cfg.replay.prioritized
         self.loop = ActingLoop(cfg, self.policy, self.exploration, self.seed, priorities=self.priorities)
 
-        self.ctx = new_context(cfg.net)
         self.proxy_addr, self.model_addr = proxy_addr, model_addr
-        push_opts = options(cfg.net, SocketOptions.push(sndhwm=cfg.actor.send_hwm), data_path=True)
-        self.push = make_socket(self.ctx, zmq.PUSH, push_opts, connect=proxy_addr, watch=True)
-        self.sub = make_socket(self.ctx, zmq.SUB, options(cfg.net, SocketOptions.sub(limits(cfg.net, MODEL))),
-                               connect=model_addr, watch=True)
         self.model_limits = limits(cfg.net, MODEL)
-        self.links = [LinkMonitor(self.sub, self.name, f"to learner models {model_addr}"),
-                      LinkMonitor(self.push, self.name, f"to proxy {proxy_addr}")]
-        self._watch_links = Every(0.25)
+        self.sub = self.socket(zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)), connect=model_addr,
+                               link="to learner models {address}")
+        self.push = self.socket(zmq.PUSH, options(cfg.net, SocketOptions.push(sndhwm=cfg.actor.send_hwm),
+                                                  data_path=True),
+                                connect=proxy_addr, link="to proxy {address}", linger_ms=1000)
+        self.model_link = self.links[0]
         self.versions = VersionTracker()
         self.version = -1
         self.allowance = Allowance()  # the learner's pause and allowance, as its models say them
@@ -152,7 +145,6 @@ class Actor:
         self.seq = 0
         self.encoder = BatchEncoder(self.name, self.incarnation, pack_below=DEFAULT_COPY_THRESHOLD)
         self.stats = ActorStats()
-        self.ratelog = RateLimitedLog(log, interval=10.0)
         self._full_stats = Every(cfg.net.stats_interval_s, now=True)
         self._pending: list[dict[str, np.ndarray]] = []  # transitions since the last batch, as built
         self._pending_n = 0
@@ -221,7 +213,6 @@ class Actor:
         started, remind = time.monotonic(), Every(10.0)
         wait_s = self.cfg.net.peer_wait_s
         while not stop.set and not self.refused and not self.finished:
-            self._poll_links()
             if self.sub.poll(100, zmq.POLLIN) and self._take_newest_model():
                 log.info("%s: got model version %d after %.2fs; acting with %s %s", self.name, self.version,
                          time.monotonic() - started, self.exploration.name, self.exploration.describe())
@@ -298,12 +289,10 @@ class Actor:
     def _housekeeping(self) -> None:
         """Between env steps, at most every ``MODEL_POLL_S``: newest model, link events, pause state."""
         self._take_newest_model()
-        if self._watch_links():
-            self._poll_links()
         # Paused by the learner's rate limiter, past its start-up quota, or cut off from the
         # learner: stepping on would only fill queues with data nobody trains on yet, from a
         # policy that is getting older by the second.
-        self._hold = self.links[0].down or self._past_quota()
+        self._hold = self.model_link.down or self._past_quota()
 
     def _past_quota(self) -> bool:
         """Whether the learner asks this actor to hold: paused, or its start-up quota or allowance made."""
@@ -374,34 +363,22 @@ class Actor:
                 break
 
     def _keep_reading(self) -> None:
-        """While blocked on send: keep the model stream and link events read."""
+        """While blocked on send: keep the model stream read."""
         self._take_newest_model()
-        self._poll_links()
 
-    def _poll_links(self) -> None:
-        for link in self.links:
-            link.poll()
+
+    def role_stats(self) -> dict[str, Any]:
+        return {"incarnation": self.incarnation, "sent_seq": self.seq, "explore": self.exploration(self.loop.env_steps),
+                **self.stats.as_dict()}
 
     def close(self) -> None:
-        write_role_stats(self.run_dir, self.name, {
-            "incarnation": self.incarnation, "sent_seq": self.seq, "explore": self.exploration(self.loop.env_steps),
-            **self.stats.as_dict(), "links": [link.stats() for link in self.links]})
-        for link in self.links:
-            link.close()
-        self.push.close(linger=1000)
-        self.sub.close(linger=0)
-        self.ctx.term()
+        super().close()
         self.loop.close()
 
 
 def run_actor(cfg: Config, index: int, proxy_addr: str, model_addr: str, run_dir: str | None = None) -> int:
     """The ``zmqrl actor`` entry point."""
-    with StopFlag() as stop:
-        actor = Actor(cfg, index, proxy_addr, model_addr, run_dir)
-        try:
-            actor.run(stop)
-        finally:
-            actor.close()
+    actor = serve(lambda: Actor(cfg, index, proxy_addr, model_addr, run_dir))
     s = actor.stats.as_dict()
     log.info("%s: stopped after %d env steps, %d batches (%d bytes), blocked %.1fs", actor.name,
              s["env_steps"], s["batches"], s["bytes_sent"], s["blocked_s"])

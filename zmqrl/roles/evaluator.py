@@ -20,52 +20,44 @@ from zmqrl.config import Config
 from zmqrl.envs.evaluator import GreedyEvaluator
 from zmqrl.roles.admission import MAC_KEY, TOKEN_ENV, TOKEN_FILE, eval_token, report_mac
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
-from zmqrl.roles.net import limits, new_context, options
+from zmqrl.roles.net import limits, options
+from zmqrl.roles.skeleton import RoleProcess, serve
 from zmqrl.run import checkpoint
 from zmqrl.run.acting import make_task
 from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
-from zmqrl.run.rundir import write_role_stats
 from zmqrl.wire import (
     EVAL,
     MODEL,
     Message,
-    RateLimitedLog,
     SocketOptions,
     VersionTracker,
     drain_latest_model,
     encode,
     eval_meta,
-    make_socket,
-    new_incarnation,
     send_frames,
 )
-from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
 
-class Evaluator:
+class Evaluator(RoleProcess):
     """One evaluator process."""
 
     def __init__(self, cfg: Config, model_addr: str, report_addr: str, run_dir: str | None = None) -> None:
-        self.cfg, self.run_dir = cfg, run_dir
-        self.incarnation = new_incarnation()
+        super().__init__(cfg, "evaluator", run_dir)
         seed = cfg.run.seed + 1_000_000
         seed_everything(seed)
         task = make_task(cfg)
         self.signature = task_signature(task)
         self.policy = task.policy(seed, backend=cfg.actor.backend)
         self.episodes = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed)
-        self.ctx = new_context(cfg.net)
         self.model_addr, self.report_addr = model_addr, report_addr
         self.model_limits = limits(cfg.net, MODEL)
-        self.sub = make_socket(self.ctx, zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)),
-                               connect=model_addr, watch=True)
-        self.push = make_socket(self.ctx, zmq.PUSH, options(cfg.net, SocketOptions.push()), connect=report_addr,
-                                watch=True)
+        self.sub = self.socket(zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)), connect=model_addr,
+                               link="to learner models {address}")
+        self.push = self.socket(zmq.PUSH, options(cfg.net, SocketOptions.push()), connect=report_addr,
+                                link="to learner reports {address}", linger_ms=500)
         self.versions = VersionTracker()
-        self.links = [LinkMonitor(self.sub, "evaluator", f"to learner models {model_addr}"),
-                      LinkMonitor(self.push, "evaluator", f"to learner reports {report_addr}")]
         self.seq = 0
         self.best = -math.inf
         self.last_opt_steps: int | None = None
@@ -73,7 +65,6 @@ class Evaluator:
         self.unsent = 0
         self.finished = ""  # the learner's stop reason once it said the run is over
         self.refused = ""  # why the learner's models do not fit this config: exit 2
-        self.ratelog = RateLimitedLog(log, interval=10.0)
         self.token = eval_token(run_dir)  # read again at each report until found (the learner may write it later)
         self._warned_token = False
 
@@ -150,31 +141,20 @@ class Evaluator:
         log.info("evaluator: waiting for models from %s; reporting to %s", self.model_addr, self.report_addr)
         remind = Every(30.0)
         while not stop.set and not self.finished and not self.refused:
-            for link in self.links:
-                link.poll()
             if not self.step():
                 self.sub.poll(100, zmq.POLLIN)
                 if self.versions.version < 0 and remind():
                     log.info("evaluator: still waiting for a model from %s", self.model_addr)
 
+    def role_stats(self) -> dict[str, Any]:
+        return {"evaluated": self.evaluated, "best": self.best, "reports_unsent": self.unsent}
+
     def close(self) -> None:
-        write_role_stats(self.run_dir, "evaluator", {"evaluated": self.evaluated, "best": self.best,
-                                                     "reports_unsent": self.unsent})
-        for link in self.links:
-            link.close()
-        self.sub.close(linger=0)
-        self.push.close(linger=500)
-        self.ctx.term()
+        super().close()
         self.episodes.close()
 
 
 def run_evaluator(cfg: Config, model_addr: str, report_addr: str, run_dir: str | None = None) -> int:
     """The ``zmqrl evaluator`` entry point."""
-    with StopFlag() as stop:
-        evaluator = Evaluator(cfg, model_addr, report_addr, run_dir)
-        try:
-            evaluator.run(stop)
-        finally:
-            evaluator.close()
+    evaluator = serve(lambda: Evaluator(cfg, model_addr, report_addr, run_dir))
     return EXIT_CONFIG_MISMATCH if evaluator.refused else 0
-

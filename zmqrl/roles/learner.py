@@ -36,10 +36,11 @@ from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.roles.admission import EvalAdmission
 from zmqrl.roles.fit import task_signature
 from zmqrl.roles.ingest import Receiver, ReplayWriter
-from zmqrl.roles.net import auth_counts, limits, new_context, options
+from zmqrl.roles.net import auth_counts, limits, options
 from zmqrl.roles.peers import PeerAccounts, episodes
 from zmqrl.roles.proxy import PROXY_QUEUE
 from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
+from zmqrl.roles.skeleton import RoleProcess, serve
 from zmqrl.run.acting import make_task
 from zmqrl.run.bookkeeping import replay_values
 from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
@@ -52,16 +53,12 @@ from zmqrl.wire import (
     HELLO,
     STATS,
     Message,
-    RateLimitedLog,
     SocketOptions,
     bound_address,
     decode,
     encode_model,
-    make_socket,
-    new_incarnation,
     send_frames,
 )
-from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
@@ -93,7 +90,7 @@ class Background(threading.Thread, Generic[T]):
         return self.result
 
 
-class Learner:
+class Learner(RoleProcess):
     """One learner process."""
 
     def __init__(self, cfg: Config, run_dir: str | Path | None, bind_data: str, bind_model: str,
@@ -120,27 +117,22 @@ class Learner:
         if run.agent is not None:
             self._adopt(run.agent)
             self.book.open_recorder()
-        self.incarnation = new_incarnation()
-
-        self.ctx = new_context(cfg.net)
+        super().__init__(cfg, "learner", self.dir)  # its context, sockets and close order
         net = cfg.net
-        self.data = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, BATCH, STATS, HELLO),
-                                                                                     rcvhwm=64), data_path=True),
-                                 bind=bind_data, watch=True)
+        data_opts = options(net, SocketOptions.pull(limits(net, BATCH, STATS, HELLO), rcvhwm=64), data_path=True)
+        self.data = self.socket(zmq.PULL, data_opts, bind=bind_data, link="data peers on {address}")
         # No heartbeats on sockets a peer can fill (the evaluations PULL, the XPUB's subscriptions): with
         # its queue full libzmq stops reading a connection, and a heartbeat on a connection the peer then
         # reset ends in libzmq's assertion !_io_error (zeromq/libzmq #4364). A peer's own heartbeats still
         # let it be dropped when it goes silent.
-        self.evals = make_socket(self.ctx, zmq.PULL, options(net, SocketOptions.pull(limits(net, EVAL)),
-                                                             data_path=True), bind=bind_eval)
-        self.pub = make_socket(self.ctx, zmq.XPUB, options(net, SocketOptions.pub(), data_path=True),
-                               bind=bind_model, watch=True)
+        self.evals = self.socket(zmq.PULL, options(net, SocketOptions.pull(limits(net, EVAL)), data_path=True),
+                                 bind=bind_eval)
+        self.pub = self.socket(zmq.XPUB, options(net, SocketOptions.pub(), data_path=True), bind=bind_model,
+                               link="model subscribers on {address}")
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.endpoints = {"data": bound_address(self.data), "model": bound_address(self.pub),
                           "eval": bound_address(self.evals)}
         self._write_endpoints()
-        self.links = [LinkMonitor(self.pub, "learner", f"model subscribers on {self.endpoints['model']}"),
-                      LinkMonitor(self.data, "learner", f"data peers on {self.endpoints['data']}")]
         self.receiver = Receiver(self.data, self.evals, cfg, self.spec, self.task.value_limits())
         self.writer = ReplayWriter(self.replay, net.max_peers, net.peer_idle_s)
         # env steps an actor has taken but not yet sent as transitions: its batch being filled, its n-step
@@ -157,7 +149,6 @@ class Learner:
         self.signature = task_signature(self.task)
         self.batches = 0
         self.published = 0
-        self.ratelog = RateLimitedLog(log, interval=10.0)
         self._last_params: list[Any] | None = None
         self.first_batch_s: float | None = None
         self.first_update_s: float | None = None
@@ -413,7 +404,7 @@ class Learner:
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, stop: StopFlag) -> dict[str, Any]:
-        """Train until stopped or done; returns the summary. Sockets are closed however it ends."""
+        """Train until stopped or done; returns the summary."""
         log.info("learner: data on %s, models on %s, evaluations on %s; run dir %s", self.endpoints["data"],
                  self.endpoints["model"], self.endpoints["eval"], self.dir)
         self.publish(new_version=False)
@@ -432,16 +423,13 @@ class Learner:
     def _loop(self, stop: StopFlag) -> dict[str, Any]:
         cfg, tc, batch_size = self.cfg, self.cfg.trainer, self.cfg.agent.batch_size
         republish, summarise = Every(cfg.net.republish_s), Every(max(cfg.net.stats_interval_s, 0.5))
-        waiting_log, watch_links, ingest_due = Every(10.0), Every(0.25), Every(INGEST_INTERVAL_S)
+        waiting_log, ingest_due = Every(10.0), Every(INGEST_INTERVAL_S)
         regrant = Every(REGRANT_S)
         while not stop.set and not self.book.should_stop():
             if self._new_subscribers() or republish():
                 self.publish(new_version=False)
             if summarise():
                 self.book.write_summary(self.summary_extra())
-            if watch_links():
-                for link in self.links:
-                    link.poll()
             ready, warm = self.agent_ready(), len(self.replay) >= tc.warmup
             starving = not (warm and ready)
             throttled = self.limiter.throttled(self.book.opt_steps)
@@ -487,15 +475,10 @@ class Learner:
         return summary
 
     def close(self, linger_ms: int = 0) -> None:
-        """Close the sockets and the context, sending nothing more (``finish`` is the clean stop)."""
-        if self.ctx.closed:
-            return
-        for link in self.links:
-            link.close()
-        self.data.close(linger=0)
-        self.evals.close(linger=0)
-        self.pub.close(linger=linger_ms)
-        self.ctx.term()
+        """Close the sockets and the context; the model stream may flush ``linger_ms`` (``finish``, the
+        clean stop, lets its last message, the end of the run, leave)."""
+        self.set_linger(self.pub, linger_ms)
+        super().close()
 
 
 def replay_priority_counts(replay: ReplayBuffer) -> dict[str, int]:
@@ -508,9 +491,7 @@ def replay_priority_counts(replay: ReplayBuffer) -> dict[str, int]:
 def run_learner(cfg: Config, run_dir: str | None, bind_data: str, bind_model: str, bind_eval: str,
                 resume: bool = False) -> int:
     """The ``zmqrl learner`` entry point."""
-    with StopFlag() as stop:
-        learner = Learner(cfg, run_dir, bind_data, bind_model, bind_eval, resume)
-        learner.run(stop)
+    serve(lambda: Learner(cfg, run_dir, bind_data, bind_model, bind_eval, resume))
     return 0
 
 

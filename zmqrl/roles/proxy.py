@@ -25,9 +25,9 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.roles.fit import learner_done
-from zmqrl.roles.net import auth_counts, limits, new_context, options, send_blocking
+from zmqrl.roles.net import auth_counts, limits, options, send_blocking
+from zmqrl.roles.skeleton import RoleProcess, serve
 from zmqrl.run.lifecycle import Every, StopFlag
-from zmqrl.run.rundir import write_role_stats
 from zmqrl.wire import (
     BATCH,
     BUNDLE_META_DEPTH,
@@ -38,7 +38,6 @@ from zmqrl.wire import (
     KeyBinding,
     Message,
     PeerTable,
-    RateLimitedLog,
     SequenceTracker,
     SocketOptions,
     VersionTracker,
@@ -48,14 +47,11 @@ from zmqrl.wire import (
     drain_latest_model,
     encode_bundle,
     encode_stats,
-    make_socket,
     meta_depth_ok,
-    new_incarnation,
     peek,
     peer_key,
     send_frames,
 )
-from zmqrl.wire.monitor import LinkMonitor
 
 log = logging.getLogger("zmqrl")
 
@@ -123,27 +119,24 @@ class _Pending:
     size: int  # bytes as received
 
 
-class Proxy:
+class Proxy(RoleProcess):
     """One proxy process: actors' PULL in, learner's PUSH out."""
 
     def __init__(self, cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy",
                  run_dir: str | None = None, model_addr: str | None = None) -> None:
-        self.cfg, self.name, self.run_dir = cfg, name, run_dir
-        self.incarnation = new_incarnation()
+        super().__init__(cfg, name, run_dir)
         self.limits = limits(cfg.net, BATCH, HELLO)
-        self.ctx = new_context(cfg.net)
-        self.pull = make_socket(self.ctx, zmq.PULL, options(cfg.net, SocketOptions.pull(self.limits), data_path=True),
-                                bind=bind_addr, watch=True)
+        self.learner_addr = learner_addr
+        push_opts = options(cfg.net, SocketOptions.push(sndhwm=PROXY_QUEUE), data_path=True)
+        self.push = self.socket(zmq.PUSH, push_opts, connect=learner_addr, link="to learner {address}",
+                                linger_ms=2000)
+        self.pull = self.socket(zmq.PULL, options(cfg.net, SocketOptions.pull(self.limits), data_path=True),
+                                bind=bind_addr, link="from actors on {address}")
         self.bind_addr = bound_address(self.pull)
         self.hold = _Hold(cfg.net.proxy_hold_ms / 1000.0, int(self.pull.getsockopt(zmq.RCVHWM)))
-        push_opts = options(cfg.net, SocketOptions.push(sndhwm=PROXY_QUEUE), data_path=True)
-        self.push = make_socket(self.ctx, zmq.PUSH, push_opts, connect=learner_addr, watch=True)
-        self.learner_addr = learner_addr
-        self.links = [LinkMonitor(self.push, name, f"to learner {learner_addr}"),
-                      LinkMonitor(self.pull, name, f"from actors on {self.bind_addr}")]
         self.model_limits = limits(cfg.net, MODEL)
-        self.sub = None if model_addr is None else make_socket(
-            self.ctx, zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)), connect=model_addr)
+        self.sub = None if model_addr is None else self.socket(
+            zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)), connect=model_addr)
         self.versions = VersionTracker()
         self.finished = ""  # the learner's stop reason once it said the run is over
         self.sequences = SequenceTracker(cfg.net.max_peers, cfg.net.peer_idle_s)
@@ -163,7 +156,6 @@ class Proxy:
         self.blocked_s = 0.0
         self.stats_seq = 0
         self.start = time.monotonic()
-        self.ratelog = RateLimitedLog(log, interval=10.0)
 
     def stats(self, actors: int | None = REPORTED_ACTORS) -> dict[str, Any]:
         """Counters, with per-actor ones for the ``actors`` most recently active (None: all of them):
@@ -294,7 +286,7 @@ class Proxy:
         with the default 10 ms hold; bench row ``transport_proxy_cpu_paced``), and the learner reads
         its data socket only every 50 ms anyway. The first batch after a quiet spell is read at once,
         and there is no hold while one actor's batches come faster than half its receive queue per
-        hold: it never caps throughput."""
+        hold: it never caps throughput. On the way out it forwards what actors already sent (a second)."""
         log.info("%s: actors connect to %s; forwarding to learner %s", self.name, self.bind_addr, self.learner_addr)
         report, watch = Every(self.cfg.net.stats_interval_s), Every(0.1)
         while not stop.set and not self.finished:
@@ -317,8 +309,7 @@ class Proxy:
                     time.sleep(rest)
             if report():
                 self.send_stats()
-            for link in self.links:
-                link.poll()
+        self.drain(seconds=1.0)
 
     def _read(self) -> list[Any] | None:
         """The next message from actors, or None when none is waiting (one of too many frames is
@@ -340,27 +331,14 @@ class Proxy:
             self.handle(frames, until)
         self.flush(until)
 
-    def close(self) -> None:
-        write_role_stats(self.run_dir, self.name, {**self.stats(None), "links": [link.stats() for link in self.links]})
-        for link in self.links:
-            link.close()
-        self.pull.close(linger=0)
-        self.push.close(linger=2000)
-        if self.sub is not None:
-            self.sub.close(linger=0)
-        self.ctx.term()
+    def role_stats(self) -> dict[str, Any]:
+        return self.stats(None)
 
 
 def run_proxy(cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy", run_dir: str | None = None,
               model_addr: str | None = None) -> int:
     """The ``zmqrl proxy`` entry point."""
-    with StopFlag() as stop:
-        proxy = Proxy(cfg, bind_addr, learner_addr, name, run_dir, model_addr)
-        try:
-            proxy.run(stop)
-            proxy.drain(seconds=1.0)
-        finally:
-            proxy.close()
+    proxy = serve(lambda: Proxy(cfg, bind_addr, learner_addr, name, run_dir, model_addr))
     s = proxy.stats()
     log.info("%s: forwarded %d batches (%d bytes), rejected %d", proxy.name, s["forwarded"], s["bytes"],
              s["rejected_total"])

@@ -177,7 +177,7 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
         raise
 
 
-def write_role_stats(run_dir: str | None, name: str, stats: dict[str, Any]) -> None:
+def write_role_stats(run_dir: str | Path | None, name: str, stats: dict[str, Any]) -> None:
     """``RUN_DIR/roles/NAME.json``: what a role did, for the launcher, tests and humans."""
     if not run_dir:
         return

@@ -170,9 +170,6 @@ class LinkMonitor:
             self._lookup = _new_lookup(last)  # look its host up now, in the background
         _links().add(self)
 
-    def poll(self) -> None:
-        """Nothing to do: the link thread handles every event as it comes (kept for callers' loops)."""
-
     # --- in the link thread -----------------------------------------------------------------------
     def _read(self) -> bool:
         """Handle up to ``_BURST`` pending events; False once the monitor has stopped (its socket closed
