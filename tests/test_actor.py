@@ -158,9 +158,12 @@ def test_a_stop_keeps_unsent_batches_out_of_the_count(rig: Rig) -> None:
     held = len(actor._ready)
     assert held >= 5 and actor.seq == actor.stats.batches == 1
     actor.push.close(linger=0)
-    actor.push = rig.ctx.socket(zmq.PUSH)  # connected to nothing: every NOBLOCK send raises zmq.Again
+    actor.push = nowhere = rig.ctx.socket(zmq.PUSH)  # connected to nothing: every NOBLOCK send raises zmq.Again
     rig.stop.set = True
-    actor._flush(rig.stop)  # while stopping: one try, nothing taken, nothing counted
+    try:
+        actor._flush(rig.stop)  # while stopping: one try, nothing taken, nothing counted
+    finally:
+        nowhere.close(linger=0)
     assert len(actor._ready) == held and actor.seq == actor.stats.batches == 1
     msgs = rig.received()
     assert [m.seq for m in msgs] == [0]

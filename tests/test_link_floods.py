@@ -186,7 +186,6 @@ def test_closing_a_link_monitor_lets_its_context_terminate() -> None:
     finally:
         started = time.monotonic()
         for link in links:
-            link.poll()  # (a no-op now, kept for callers)
             link.close()
             link.close()  # twice is harmless
         push.close(linger=0)
