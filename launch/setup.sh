@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up zmqrl in ./.venv: the CPU build of torch 2.13.0 first (only when torch is missing, so pip
-# never picks a multi-GB CUDA build on its own), then zmqrl itself with its dev extras.
+# Set up zmqrl in ./.venv: torch 2.13.0 first (only when torch is missing, so pip never picks a
+# multi-GB build on its own), then zmqrl itself with every extra the shipped configs need (Atari,
+# MuJoCo, video) and the test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -8,5 +9,5 @@ python=${PYTHON:-python3}
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[all,dev]"
 echo "zmqrl is set up in .venv (activate with: source .venv/bin/activate)" >&2

@@ -197,8 +197,10 @@ def test_a_new_model_is_applied_within_a_few_steps(rig: Rig) -> None:
     thread.join()
     delays = sorted(applied[v] - published[v] for v in published if v in applied)
     assert len(delays) >= 4, (published, applied)  # CONFLATE may skip one if two arrive between polls
-    # polled every MODEL_POLL_S between env steps: the median delay is far below this bound even on a busy machine
-    assert delays[len(delays) // 2] < MODEL_POLL_S + 0.05, delays
+    # polled every MODEL_POLL_S between env steps: the median delay is a few ms; the bound leaves room for a
+    # machine whose other processes take the cores for a while, and still fails an actor that looks once a batch
+    # is sent or less often (a 0.3 s window between models)
+    assert delays[len(delays) // 2] < MODEL_POLL_S + 0.2, delays
     msgs = rig.received()
     check_stream(msgs, rig)
     assert max(m.meta["max_version"] for m in msgs) == 5

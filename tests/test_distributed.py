@@ -458,7 +458,7 @@ def test_local_launcher_starts_over_when_a_port_is_taken(tmp_path: Path, procs: 
                                                          caplog: pytest.LogCaptureFixture) -> None:
     """A port handed to the learner is taken before it binds: the run starts again on new ports and trains."""
     from zmqrl import config as config_mod
-    from zmqrl.roles import local
+    from zmqrl.roles.launch import local
 
     run_dir = tmp_path / "run"
     procs.sweep_args.append(str(run_dir))

@@ -4,6 +4,8 @@ the env state saved for exact resumes."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -306,3 +308,20 @@ def test_capture_names_what_it_cannot_save() -> None:
     assert set(attrs) >= {"count", "history"}  # plain data beside it is captured
     assert "lock" not in attrs
     stepper.close()
+
+
+@pytest.mark.parametrize("env_id, extra", [("ALE/Pong-v5", "atari"), ("HalfCheetah-v5", "mujoco")])
+def test_an_env_whose_extra_is_not_installed_says_which_extra_in_one_line(env_id: str, extra: str) -> None:
+    """zmqrl's heavy env stacks are extras: without one, the config error names it (the package hidden here)."""
+    hidden = {"atari": "ale_py", "mujoco": "mujoco"}[extra]
+    code = (f"import sys; sys.modules[{hidden!r}] = None\n"
+            "from zmqrl.config import ConfigError, EnvConfig\n"
+            "from zmqrl.envs.factory import make_env\n"
+            "try:\n"
+            f"    make_env(EnvConfig(id={env_id!r}))\n"
+            "except ConfigError as exc:\n"
+            "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert "\n" not in line and f"pip install 'zmqrl[{extra}]'" in line and env_id in line, line

@@ -182,3 +182,14 @@ def test_entrypoint_derives_ids_and_installs_keys(tmp_path: Path) -> None:
 
     bad = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**base, "POD_NAME": "zmqrl-hosts"})
     assert bad.returncode == 2 and "cannot read a StatefulSet ordinal" in bad.stderr, bad
+
+
+def test_the_cluster_config_is_the_cartpole_config_with_a_cluster_net_section() -> None:
+    """launch/k8s/config.yaml drifted from configs/cartpole_dqn.yaml once ([64, 64], lr 1e-3): every key but
+    the ones a cluster needs must stay the shipped config's."""
+    cluster, shipped = config_mod.to_dict(config_mod.load(K8S / "config.yaml")), \
+        config_mod.to_dict(config_mod.load(REPO / "configs" / "cartpole_dqn.yaml"))
+    for section in (cluster, shipped):
+        section.pop("net")
+        section["actor"].pop("num_actors")
+    assert cluster == shipped

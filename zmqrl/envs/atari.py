@@ -30,12 +30,13 @@ from zmqrl.config import ConfigError
 GAME_RETURN, GAME_LENGTH = "game_return", "game_length"  # info keys at the end of a game
 
 
-def register() -> None:
+def register(env_id: str = "ALE/...") -> None:
     """Make ``ALE/...`` ids known to gymnasium (ale-py ships the ROMs)."""
     try:
         import ale_py
     except ImportError:
-        raise ConfigError("env.id: Atari needs the ale-py package (bash launch/setup.sh installs it)") from None
+        raise ConfigError(f"env.id: {env_id!r} needs ale-py, which is not installed: pip install "
+                          "'zmqrl[atari]'") from None
     gym.register_envs(ale_py)
 
 

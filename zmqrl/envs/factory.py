@@ -68,7 +68,7 @@ def register_namespace(env_id: str) -> None:
     """Register the envs of packages gymnasium does not load on its own: ``ALE/...`` (ale-py)
     and ``zmqrl/...`` (:mod:`zmqrl.envs.catch`)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
-        atari.register()
+        atari.register(env_id)
     elif env_id.startswith("zmqrl/"):
         import zmqrl.envs.catch  # noqa: F401  (registers on import)
 
@@ -84,6 +84,10 @@ def make_env(cfg: EnvConfig, training: bool = True) -> gym.Env:
     register_namespace(cfg.id)
     try:
         env = gym.make(cfg.id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        extra = next((e for e in ("mujoco", "atari") if e in str(exc).lower()), None)
+        hint = f"pip install 'zmqrl[{extra}]'" if extra else str(exc)
+        raise ConfigError(f"env.id: {cfg.id!r} needs a package that is not installed: {hint}") from None
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: cannot make {cfg.id!r}: {exc}") from None
     for name in cfg.wrappers:
