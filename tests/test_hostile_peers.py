@@ -345,7 +345,7 @@ def test_frames_that_share_nothing_are_refused_beyond_their_senders_budget() -> 
     spec = {"obs": (np.dtype(np.uint8), (stack, 12, 12)), "action": (np.dtype(np.int64), ()),
             "reward": (np.dtype(np.float32), ()), "next_obs": (np.dtype(np.uint8), (stack, 12, 12)),
             "discount": (np.dtype(np.float32), ())}
-    replay = make_replay(5000, True, 0.6, 0.4, 1000, 1e-6, seed=0, frame_stack=stack, schema=spec)
+    replay = make_replay(5000, True, seed=0, frame_stack=stack, schema=spec, beta_steps=1000)
     writer = ReplayWriter(replay)
     rng = np.random.default_rng(0)
     video = rng.integers(0, 255, (3000, 12, 12), dtype=np.uint8)  # one honest actor's frames, in order

@@ -5,6 +5,8 @@ Depends on numpy and the standard library only.
 
 from __future__ import annotations
 
+from typing import Any
+
 from zmqrl.replay.frames import FramePool
 from zmqrl.replay.nstep import NStepBuilder
 from zmqrl.replay.prioritized import PRIORITY_CAP, PrioritizedReplay
@@ -15,26 +17,15 @@ __all__ = ["PRIORITY_CAP", "FramePool", "NStepBuilder", "PrioritizedReplay", "Sc
            "make_replay", "read_stamp"]
 
 
-def make_replay(
-    capacity: int,
-    prioritized: bool = False,
-    alpha: float = 0.6,
-    beta0: float = 0.4,
-    beta_steps: int = 100_000,
-    eps: float = 1e-6,
-    seed: int | None = None,
-    frame_stack: int = 0,
-    *,
-    schema: Schema | None = None,
-    priority_cap: float = PRIORITY_CAP,
-) -> UniformReplay:
-    """Build a ``PrioritizedReplay`` if ``prioritized`` else a ``UniformReplay``.
+def make_replay(capacity: int, prioritized: bool = False, seed: int | None = None, frame_stack: int = 0, *,
+                schema: Schema | None = None, **options: Any) -> UniformReplay:
+    """A :class:`PrioritizedReplay` if ``prioritized`` (``options``: its ``alpha``, ``beta0``, ``beta_steps``,
+    ``eps`` and ``priority_cap``), else a :class:`UniformReplay` (which has no use for them).
 
     ``frame_stack`` >= 1 stores each distinct image frame once (see ``UniformReplay``).
     ``schema`` (key -> (dtype, per-item shape)) fixes the stored items from the start; without
-    it the first batch does. ``priority_cap`` bounds raw priorities (prioritized only).
+    it the first batch does.
     """
     if prioritized:
-        return PrioritizedReplay(capacity, alpha=alpha, beta0=beta0, beta_steps=beta_steps, eps=eps, seed=seed,
-                                 frame_stack=frame_stack, schema=schema, priority_cap=priority_cap)
+        return PrioritizedReplay(capacity, seed=seed, frame_stack=frame_stack, schema=schema, **options)
     return UniformReplay(capacity, seed=seed, frame_stack=frame_stack, schema=schema)

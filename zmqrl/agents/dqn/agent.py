@@ -9,9 +9,7 @@ truncations are all already folded into ``reward`` and ``discount``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -24,14 +22,12 @@ from zmqrl.agents.dqn.config import DQNConfig
 from zmqrl.agents.dqn.explicit import ExplicitMLPLoss
 from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.dqn.numpy_policy import td_priorities
-from zmqrl.agents.staging import BatchStager
+from zmqrl.agents.qtarget import TargetQAgent
 from zmqrl.agents.torch_util import (
-    Adam,
     clip_gradients,
     load_module_params,
     module_params,
     nonfinite,
-    update_target,
 )
 from zmqrl.config import ConfigError
 
@@ -105,18 +101,13 @@ class DQNPolicy:
         return td_priorities(batch, self.values(batch["obs"]), self.values(batch["next_obs"]))
 
 
-class DQNAgent(DQNPolicy):
+class DQNAgent(TargetQAgent, DQNPolicy):
     """The learner's side of DQN: target network, optimiser and the update rule."""
 
     def __init__(self, cfg: DQNConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Discrete,
                  device: torch.device | str = "cpu", seed: int = 0) -> None:
         super().__init__(cfg, obs_space, action_space, device, seed)
-        self.target = build_q_network(cfg, obs_space, self.num_actions).to(self.device)
-        self.target.load_state_dict(self.q.state_dict())
-        self.target.requires_grad_(False)
-        self.optimizer = Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-        self.opt_steps = 0
-        self.stager = BatchStager(self.device)  # how batches reach the device (replaceable: pinned or not)
+        self.init_learner(build_q_network(cfg, obs_space, self.num_actions))
         self._explicit = (ExplicitMLPLoss(self.q, self.target, cfg.double, cfg.loss == "huber")
                           if isinstance(self.q, MLPQNetwork) and isinstance(self.target, MLPQNetwork) else None)
 
@@ -187,24 +178,3 @@ class DQNAgent(DQNPolicy):
         n = len(self.METRICS)
         return dict(zip(self.METRICS, host[:n].tolist(), strict=True)), host[n:].astype(np.float32)
 
-    def adopt_initial(self, params: Mapping[str, np.ndarray]) -> None:
-        """Start from version-0 parameters; the target network starts as their copy."""
-        self.load_params(params)
-        self.target.load_state_dict(self.q.state_dict())
-
-    def update_target(self) -> None:
-        """Hard copy (tau = 1) or Polyak average into the target network."""
-        update_target(self.target, self.q, self.cfg.tau)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Networks, optimiser, counters and the exploration RNG, for resuming."""
-        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
-                "rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.q.load_state_dict(state["q"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # never share Adam moments
-        self.opt_steps = int(state["opt_steps"])
-        self.rng.bit_generator.state = state["rng"]

@@ -9,7 +9,14 @@ import numpy as np
 
 from zmqrl.agents.base import epsilon_greedy
 from zmqrl.agents.dqn.config import DQNConfig
-from zmqrl.agents.numpy_mlp import as_rows, check_params, linear_stack_shapes, relu_stack, stack_layers
+from zmqrl.agents.numpy_mlp import (
+    as_rows,
+    check_params,
+    linear_stack_shapes,
+    relu_stack,
+    stack_layers,
+    torch_default_init,
+)
 
 
 def mlp_param_shapes(cfg: DQNConfig, obs_dim: int, num_actions: int) -> dict[str, tuple[int, ...]]:
@@ -36,6 +43,11 @@ def td_priorities(batch: Mapping[str, np.ndarray], first: np.ndarray, boot: np.n
     target += batch["reward"]
     target -= q_taken
     return np.abs(target, out=target).astype(np.float32, copy=False)  # type: ignore[no-any-return]
+
+
+def initial_mlp_params(cfg: DQNConfig, obs_dim: int, num_actions: int, seed: int) -> dict[str, np.ndarray]:
+    """The MLP Q-network's parameters drawn like torch's default ``nn.Linear`` init."""
+    return torch_default_init(mlp_param_shapes(cfg, obs_dim, num_actions), seed)
 
 
 class NumpyMLPPolicy:

@@ -17,7 +17,6 @@ compute theirs on.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,14 +29,12 @@ from zmqrl.agents.base import epsilon_greedy
 from zmqrl.agents.iqn.config import IQNConfig
 from zmqrl.agents.iqn.networks import IQNNetwork, mlp_iqn, nature_cnn_iqn
 from zmqrl.agents.iqn.numpy_policy import draw_taus, midpoint_taus
-from zmqrl.agents.staging import BatchStager
+from zmqrl.agents.qtarget import TargetQAgent
 from zmqrl.agents.torch_util import (
-    Adam,
     clip_gradients,
     load_module_params,
     module_params,
     nonfinite,
-    update_target,
 )
 from zmqrl.config import ConfigError
 
@@ -130,7 +127,7 @@ class IQNPolicy:
         return rho.mean(dim=(1, 2)).cpu().numpy().astype(np.float32)  # type: ignore[no-any-return]
 
 
-class IQNAgent(IQNPolicy):
+class IQNAgent(TargetQAgent, IQNPolicy):
     """The learner's side of IQN: target network, optimiser and the update rule.
 
     The fractions of the loss are drawn from the agent's own torch generator on the device, whose
@@ -140,14 +137,9 @@ class IQNAgent(IQNPolicy):
     def __init__(self, cfg: IQNConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Discrete,
                  device: torch.device | str = "cpu", seed: int = 0) -> None:
         super().__init__(cfg, obs_space, action_space, device, seed)
-        self.target = build_iqn_network(cfg, obs_space, self.num_actions).to(self.device)
-        self.target.load_state_dict(self.q.state_dict())
-        self.target.requires_grad_(False)
-        self.optimizer = Adam(self.q.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-        self.opt_steps = 0
+        self.init_learner(build_iqn_network(cfg, obs_space, self.num_actions))
         self.tau_rng = torch.Generator(device=self.device)
         self.tau_rng.manual_seed(seed)
-        self.stager = BatchStager(self.device)  # how batches reach the device (replaceable: pinned or not)
 
     METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "skipped")
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
@@ -204,25 +196,11 @@ class IQNAgent(IQNPolicy):
         n = len(self.METRICS)
         return dict(zip(self.METRICS, host[:n].tolist(), strict=True)), host[n:].astype(np.float32)
 
-    def adopt_initial(self, params: Mapping[str, np.ndarray]) -> None:
-        """Start from version-0 parameters; the target network starts as their copy."""
-        self.load_params(params)
-        self.target.load_state_dict(self.q.state_dict())
-
-    def update_target(self) -> None:
-        """Hard copy (tau = 1) or Polyak average into the target network."""
-        update_target(self.target, self.q, self.cfg.tau)
 
     def state_dict(self) -> dict[str, Any]:
-        """Networks, optimiser, counters, the exploration RNG and the fraction generator, for resuming."""
-        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
-                "rng": self.rng.bit_generator.state, "tau_rng": self.tau_rng.get_state()}
+        """As :class:`TargetQAgent`'s, and the fraction generator, for resuming exactly."""
+        return {**super().state_dict(), "tau_rng": self.tau_rng.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.q.load_state_dict(state["q"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # never share Adam moments
-        self.opt_steps = int(state["opt_steps"])
-        self.rng.bit_generator.state = state["rng"]
+        super().load_state_dict(state)
         self.tau_rng.set_state(state["tau_rng"].cpu())
