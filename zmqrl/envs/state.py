@@ -114,8 +114,7 @@ def _capture(obj: Any, kind: str, value: Any) -> Any:
     if kind == "rng":
         return plain_copy(value.bit_generator.state)
     if kind == "space":
-        return [None if s._np_random is None else plain_copy(s._np_random.bit_generator.state)
-                for s in _space_rngs(value)]
+        return [plain_copy(s.np_random.bit_generator.state) for s in _space_rngs(value)]
     if kind == "enum":
         return value.name
     if kind == "mujoco":
@@ -220,7 +219,8 @@ def _restore_step(obj: Any, name: str, kind: str, value: Any, where: str) -> Cal
 
         def restore_space() -> None:
             for space, state in zip(spaces_, value, strict=True):
-                space._np_random = _set_rng(space._np_random, state, where)
+                if state is not None:  # (None: saved by a version that left unused RNGs unmade)
+                    space.np_random.bit_generator.state = state
         return restore_space
     if kind == "enum":
         if value not in type(cur).__members__:

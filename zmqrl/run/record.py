@@ -92,7 +92,7 @@ class Progress:
             self._first = (now, n)
             if self.bar is not None and n > 0:  # a resumed run: steps done before are not this run's rate
                 self.bar.initial = self.bar.n = self.bar.last_print_n = n
-                self.bar.last_print_t = self.bar.start_t = self.bar._time()
+                self.bar.last_print_t = self.bar.start_t = time.time()  # (tqdm's clock)
         if self.bar is not None:
             if now - self._last >= 0.5:
                 self._last = now

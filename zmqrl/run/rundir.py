@@ -1,4 +1,4 @@
-"""The run directory (DESIGN.md section 4): the one place that knows its file names, what makes a
+"""The run directory (docs/usage.md, "The run directory"): the one place that knows its file names, what makes a
 directory a run directory, and how its JSON files are read and written.
 
 Every run, single-process or distributed, writes one directory: ``config.yaml`` (the resolved

@@ -49,11 +49,6 @@ class ActionBounds:
         np.clip(action, self.low, self.high, out=action)
         return action.astype(self.dtype, copy=False)
 
-    def to_squashed(self, action: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`to_env`: env actions back to [-1, 1]."""
-        squashed = (np.asarray(action, dtype=np.float32) - self.low) / self.half_range - np.float32(1.0)
-        return np.clip(squashed, -1.0, 1.0)
-
 
 def explore_actions(n: int, act_dim: int, explore: float | np.ndarray, rng: np.random.Generator,
                     forward: Callable[[], tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
