@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from zmqrl.wire import BATCH, Limits, WireError, decode, encode, pack
-from zmqrl.wire import sockets as wire_sockets
-from zmqrl.wire.sockets import BatchEncoder
+from zmqrl.wire import batches as wire_batches
+from zmqrl.wire.batches import BatchEncoder
 
 SENDER, INC = "actor-3", "0123456789abcdef"
 
@@ -143,7 +143,7 @@ def test_no_template_when_it_does_not_reproduce_the_codec(monkeypatch: pytest.Mo
         frames = encode(*args, **kwargs)
         return [json.dumps(json.loads(bytes(frames[0]))).encode(), *frames[1:]]
 
-    monkeypatch.setattr(wire_sockets, "encode", spaced)
+    monkeypatch.setattr(wire_batches, "encode", spaced)
     encoder = BatchEncoder(SENDER, INC)
     for seq in range(3):
         got = frames_of(encoder, seq, 0, batch(8), meta(seq))

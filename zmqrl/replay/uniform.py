@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import os
-import zipfile
-import zlib
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from zmqrl.replay.files import (
+    FILE_ERRORS,
+    FRAMES_KEY,
+    REFS_PREFIX,
+    STAMP_KEY,
+    STATE_KEY,
+    STORAGE_PREFIX,
+    decode_json,
+    decode_stamp,
+    describe_error,
+    encode_json,
+    read_npz,
+)
 from zmqrl.replay.frames import FramePool
 
 Schema = Mapping[str, tuple[npt.DTypeLike, tuple[int, ...]]]  # key -> (dtype, per-item shape)
@@ -20,15 +30,6 @@ _Layout = dict[str, tuple[tuple[int, ...], np.dtype]]  # the stored form: key ->
 
 RESERVED_KEYS = ("indices", "weights")
 FRAME_KEYS = ("obs", "next_obs")  # image keys whose frames go to the shared frame pool
-_STATE_KEY = "state"
-_STAMP_KEY = "stamp"
-_STORAGE_PREFIX = "storage:"
-_REFS_PREFIX = "frame_refs:"
-_FRAMES_KEY = "frames"
-_READ_CHUNK = 1 << 24  # bytes read from a file at a time
-# What reading a damaged or foreign file can raise; ``load`` reports each as one ValueError naming the file.
-_FILE_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError,
-                RuntimeError, MemoryError, zipfile.BadZipFile, zlib.error)
 
 
 @dataclass
@@ -309,14 +310,14 @@ class UniformReplay:
         """
         arrays = {}
         if stamp is not None:
-            arrays[_STAMP_KEY] = _encode_json(dict(stamp), "stamp", strict=True)
+            arrays[STAMP_KEY] = encode_json(dict(stamp), "stamp", strict=True)
         frames = {k: [list(shape), dtype.str] for k, (shape, dtype) in self._schema.items() if k in self._frame_refs}
-        arrays.update({_STORAGE_PREFIX + k: v for k, v in self._storage.items()})
-        arrays.update({_REFS_PREFIX + k: v for k, v in self._frame_refs.items()})
+        arrays.update({STORAGE_PREFIX + k: v for k, v in self._storage.items()})
+        arrays.update({REFS_PREFIX + k: v for k, v in self._frame_refs.items()})
         if self._pool is not None:
-            arrays[_FRAMES_KEY] = self._pool.frames[: self._pool.high]
+            arrays[FRAMES_KEY] = self._pool.frames[: self._pool.high]
         arrays.update(self._extra_arrays())
-        arrays[_STATE_KEY] = _encode_json({**self.state_dict(), "frame_schema": frames}, "state")
+        arrays[STATE_KEY] = encode_json({**self.state_dict(), "frame_schema": frames}, "state")
         tmp = f"{path}.tmp"
         with open(tmp, "wb") as f:
             np.savez(f, allow_pickle=False, **arrays)
@@ -331,11 +332,11 @@ class UniformReplay:
         naming ``path``, and the replay is left as it was.
         """
         try:
-            arrays = _read_npz(path)
-            stamp = _decode_stamp(arrays.pop(_STAMP_KEY, None))
+            arrays = read_npz(path)
+            stamp = decode_stamp(arrays.pop(STAMP_KEY, None))
             staged = self._stage(arrays)
-        except _FILE_ERRORS as exc:
-            raise ValueError(f"{path}: unreadable replay file: {_describe(exc)}") from None
+        except FILE_ERRORS as exc:
+            raise ValueError(f"{path}: unreadable replay file: {describe_error(exc)}") from None
         self._apply_state(staged.state)
         self._schema = staged.schema
         self._storage = staged.storage
@@ -348,15 +349,15 @@ class UniformReplay:
 
     def _stage(self, arrays: dict[str, np.ndarray]) -> _Staged:
         """Check every array and value of a replay file against this replay; change nothing."""
-        if _STATE_KEY not in arrays:
-            raise ValueError(f"no {_STATE_KEY!r} array")
-        state = _decode_json(arrays.pop(_STATE_KEY), _STATE_KEY)
+        if STATE_KEY not in arrays:
+            raise ValueError(f"no {STATE_KEY!r} array")
+        state = decode_json(arrays.pop(STATE_KEY), STATE_KEY)
         if not isinstance(state, dict):
-            raise ValueError(f"{_STATE_KEY!r} is not a JSON object")
+            raise ValueError(f"{STATE_KEY!r} is not a JSON object")
         frame_schema = _parse_frame_schema(state.pop("frame_schema", {}))
         checked = self._check_state(state)
-        storage = {n[len(_STORAGE_PREFIX) :]: arrays.pop(n) for n in list(arrays) if n.startswith(_STORAGE_PREFIX)}
-        refs = {n[len(_REFS_PREFIX) :]: arrays.pop(n) for n in list(arrays) if n.startswith(_REFS_PREFIX)}
+        storage = {n[len(STORAGE_PREFIX) :]: arrays.pop(n) for n in list(arrays) if n.startswith(STORAGE_PREFIX)}
+        refs = {n[len(REFS_PREFIX) :]: arrays.pop(n) for n in list(arrays) if n.startswith(REFS_PREFIX)}
         for key, arr in {**storage, **refs}.items():
             if arr.shape[:1] != (self._capacity,):
                 raise ValueError(f"key {key!r}: stored length {arr.shape[:1]} != capacity {self._capacity}")
@@ -367,7 +368,7 @@ class UniformReplay:
         schema = {**{k: (tuple(a.shape[1:]), a.dtype) for k, a in storage.items()}, **frame_schema}
         if self._fixed:
             _match_schema(self._schema, schema, "file")
-        frames = arrays.pop(_FRAMES_KEY, None)
+        frames = arrays.pop(FRAMES_KEY, None)
         if refs:
             frames = self._check_frames(refs, frame_schema, frames, checked["size"])
         return _Staged(checked, schema, storage, refs, frames, self._stage_extra(arrays, checked))
@@ -403,21 +404,6 @@ class UniformReplay:
         self._frame_refs = {k: np.ascontiguousarray(r, dtype=np.int32) for k, r in refs.items()}
 
 
-def read_stamp(path: str) -> dict[str, Any]:
-    """The stamp saved with a replay file (``{}`` if none); reads only that, not the items.
-
-    Raises ``ValueError`` naming ``path`` when the file is not a readable replay file.
-    """
-    try:
-        arrays = _read_npz(path, only={_STAMP_KEY, _STATE_KEY})
-        if _STATE_KEY not in arrays:
-            raise ValueError(f"no {_STATE_KEY!r} array")
-        return _decode_stamp(arrays.get(_STAMP_KEY))
-    except _FILE_ERRORS as exc:
-        raise ValueError(f"{path}: unreadable replay file: {_describe(exc)}") from None
-
-
-# ---------------------------------------------------------------------- helpers
 def _parse_schema(schema: Mapping[str, Any], allow_empty: bool = False) -> _Layout:
     """``{key: (dtype, per-item shape)}`` as ``{key: (shape, np.dtype)}``, checked."""
     if not schema and not allow_empty:
@@ -465,87 +451,3 @@ def _match_schema(expected: _Layout, got: _Layout, what: str) -> None:
 def _frame_shape(item_shape: tuple[int, ...], per_item: int) -> tuple[int, ...]:
     """Shape of one stored frame of items of ``item_shape`` split into ``per_item`` frames."""
     return item_shape[1:] if per_item > 1 else item_shape
-
-
-def _encode_json(value: Any, name: str, strict: bool = False) -> np.ndarray:
-    try:
-        text = json.dumps(value, allow_nan=not strict)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be JSON-serialisable: {exc}") from None
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-
-
-def _decode_json(arr: np.ndarray, name: str) -> Any:
-    if arr.dtype != np.uint8 or arr.ndim != 1:
-        raise ValueError(f"{name!r}: expected 1-D uint8 JSON bytes, got {arr.dtype} {arr.shape}")
-    return json.loads(arr.tobytes().decode("utf-8"))
-
-
-def _decode_stamp(arr: np.ndarray | None) -> dict[str, Any]:
-    if arr is None:
-        return {}
-    stamp = _decode_json(arr, _STAMP_KEY)
-    if not isinstance(stamp, dict):
-        raise ValueError(f"{_STAMP_KEY!r} is not a JSON object")
-    return stamp
-
-
-def _describe(exc: BaseException) -> str:
-    """One line for an error raised while reading a file."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else "no detail"
-    if isinstance(exc, KeyError):
-        return f"missing {text}"
-    if isinstance(exc, zipfile.BadZipFile):
-        return f"not a complete .npz archive (truncated or another kind of file): {text}"
-    return text if type(exc) is ValueError else f"{type(exc).__name__}: {text}"
-
-
-def _read_npz(path: str, only: Collection[str] | None = None) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` file (those named in ``only``, if given), read without pickles.
-
-    Each array's header is checked against the bytes the archive holds for it before any
-    memory is allocated, so a damaged header fails cleanly instead of asking for terabytes.
-    """
-    arrays: dict[str, np.ndarray] = {}
-    with zipfile.ZipFile(path) as zf:
-        for info in zf.infolist():
-            if not info.filename.endswith(".npy"):
-                raise ValueError(f"unexpected member {info.filename!r} (not an .npy array)")
-            name = info.filename[: -len(".npy")]
-            if name in arrays:
-                raise ValueError(f"array {name!r} appears twice")
-            if only is None or name in only:
-                with zf.open(info) as f:
-                    arrays[name] = _read_npy(f, info.file_size, name)
-    return arrays
-
-
-def _read_npy(f: IO[bytes], size: int, name: str) -> np.ndarray:
-    fmt = np.lib.format
-    version = fmt.read_magic(f)
-    if version == (1, 0):
-        shape, fortran, dtype = fmt.read_array_header_1_0(f)
-    elif version == (2, 0):
-        shape, fortran, dtype = fmt.read_array_header_2_0(f)
-    else:
-        raise ValueError(f"array {name!r}: unsupported .npy format version {version}")
-    if dtype.hasobject:
-        raise ValueError(f"array {name!r}: object arrays are not replay data")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    nbytes = count * dtype.itemsize
-    if nbytes != size - f.tell():
-        raise ValueError(f"array {name!r}: header says {shape} {dtype} ({nbytes} bytes), "
-                         f"the file holds {size - f.tell()} bytes for it")
-    flat = np.empty(count, dtype=dtype)
-    view = flat.view(np.uint8) if nbytes else np.zeros(0, np.uint8)
-    pos = 0
-    while pos < nbytes:
-        chunk = f.read(min(_READ_CHUNK, nbytes - pos))
-        if not chunk:
-            raise ValueError(f"array {name!r}: data ends after {pos} of {nbytes} bytes")
-        view[pos : pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
-        pos += len(chunk)
-    if f.read(1):  # also makes the archive check the member's CRC
-        raise ValueError(f"array {name!r}: trailing bytes after the data")
-    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)

@@ -14,7 +14,7 @@ values the policy computed when acting, where its algorithm can reuse them (a po
 :class:`~zmqrl.core.ReusesActingValues`: no forward pass of their own, see
 :class:`~zmqrl.run.acting.ActingLoop`), else from one forward pass per batch (of
 ``obs`` and ``next_obs`` together); and a header is filled into a template
-(:class:`~zmqrl.wire.sockets.BatchEncoder`) rather than built and checked anew.
+(:class:`~zmqrl.wire.batches.BatchEncoder`) rather than built and checked anew.
 """
 
 from __future__ import annotations

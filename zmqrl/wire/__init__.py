@@ -4,18 +4,22 @@ Depends on pyzmq, numpy and the standard library only.  Nothing received from
 the network is ever unpickled.
 """
 
-from .codec import (
+from .batches import (
     BUNDLE_META_DEPTH,
     OPTIONAL_FIELDS,
-    PACK_MAGIC,
+    BatchEncoder,
     BatchSpec,
     batch_layout,
     check_batch,
     check_batch_spec,
-    decode,
-    encode,
     encode_batch,
     encode_bundle,
+    unbundle,
+)
+from .codec import (
+    PACK_MAGIC,
+    decode,
+    encode,
     encode_eval,
     encode_hello,
     encode_model,
@@ -25,7 +29,6 @@ from .codec import (
     pack,
     peek,
     peek_header,
-    unbundle,
 )
 from .protocol import (
     ALLOWED_DTYPES,
@@ -57,7 +60,6 @@ from .security import (
     keygen,
 )
 from .sockets import (
-    BatchEncoder,
     BoundedReader,
     SocketOptions,
     SocketSetupError,

@@ -17,8 +17,6 @@ import zmq
 
 from .protocol import (
     ALLOWED_DTYPES,
-    BATCH,
-    BUNDLE,
     DEFAULT_LIMITS,
     EVAL,
     HELLO,
@@ -51,12 +49,12 @@ _DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in ALLOWED_DTYPES}
 # --------------------------------------------------------------------------- helpers
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     """True for real ints (``bool`` is not accepted as an int)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _short(value: object, limit: int = 60) -> str:
+def short_repr(value: object, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters, for error messages about untrusted input."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -175,17 +173,17 @@ def _check_array_specs(entries: object, limits: Limits) -> tuple[tuple[Spec, ...
         names.add(name)
         dtype = _DTYPES.get(dtype_str) if isinstance(dtype_str, str) else None
         if dtype is None:
-            raise WireError("dtype", f"array {name!r}: dtype {_short(dtype_str)} not allowed")
+            raise WireError("dtype", f"array {name!r}: dtype {short_repr(dtype_str)} not allowed")
         if not isinstance(shape, list) or len(shape) > MAX_NDIM:
             raise WireError("shape", f"array {name!r}: shape must be a list of at most {MAX_NDIM} ints")
         for d in shape:
             if type(d) is not int or not 0 <= d <= MAX_INT:  # (bool is not an int here)
-                raise WireError("shape", f"array {name!r}: shape {_short(shape)} must hold ints >= 0")
+                raise WireError("shape", f"array {name!r}: shape {short_repr(shape)} must hold ints >= 0")
         nbytes = math.prod(shape) * dtype.itemsize
         # An empty array may still name absurd other dimensions ([0, 2**62]): numpy refuses to build
         # it, so the product of the non-zero dimensions must fit the limit too.
         if nbytes == 0 and math.prod(d for d in shape if d) * dtype.itemsize > limits.max_message_bytes:
-            raise WireError("shape", f"array {name!r}: shape {_short(shape)} names more elements than "
+            raise WireError("shape", f"array {name!r}: shape {short_repr(shape)} names more elements than "
                                      f"max_message_bytes={limits.max_message_bytes} could hold")
         total += nbytes
         if total > limits.max_message_bytes:
@@ -194,14 +192,14 @@ def _check_array_specs(entries: object, limits: Limits) -> tuple[tuple[Spec, ...
     return tuple(specs), total
 
 
-def _check_ids(sender: Any, inc: Any, seq: Any, ver: Any, reason: str, where: str) -> None:
+def check_ids(sender: Any, inc: Any, seq: Any, ver: Any, reason: str, where: str) -> None:
     """Check a sender name, incarnation, sequence number and model version (``where`` prefixes errors)."""
     _check_text(sender, f"{where}sender", MAX_SENDER_CHARS, reason)
     _check_text(inc, f"{where}inc", MAX_INCARNATION_CHARS, reason)
-    if not _is_int(seq) or not 0 <= seq <= MAX_INT:
-        raise WireError(reason, f"{where}seq must be an int in 0..2**63-1, got {_short(seq)}")
-    if not _is_int(ver) or not NO_VERSION <= ver <= MAX_INT:
-        raise WireError(reason, f"{where}ver must be an int in -1..2**63-1, got {_short(ver)}")
+    if not is_int(seq) or not 0 <= seq <= MAX_INT:
+        raise WireError(reason, f"{where}seq must be an int in 0..2**63-1, got {short_repr(seq)}")
+    if not is_int(ver) or not NO_VERSION <= ver <= MAX_INT:
+        raise WireError(reason, f"{where}ver must be an int in -1..2**63-1, got {short_repr(ver)}")
 
 
 def _check_header(header: object, limits: Limits) -> tuple[dict[str, Any], Sequence[Spec]]:
@@ -209,18 +207,18 @@ def _check_header(header: object, limits: Limits) -> tuple[dict[str, Any], Seque
     if not isinstance(header, dict):
         raise WireError("header", "header must be a JSON object")
     if header.get("p") != PROTOCOL_NAME:
-        raise WireError("protocol", f"protocol name {_short(header.get('p'))}, expected {PROTOCOL_NAME!r}")
+        raise WireError("protocol", f"protocol name {short_repr(header.get('p'))}, expected {PROTOCOL_NAME!r}")
     version = header.get("v")
-    if not _is_int(version) or version not in SUPPORTED_VERSIONS:
-        raise WireError("version", f"protocol version {_short(version)}, supported {sorted(SUPPORTED_VERSIONS)}")
+    if not is_int(version) or version not in SUPPORTED_VERSIONS:
+        raise WireError("version", f"protocol version {short_repr(version)}, supported {sorted(SUPPORTED_VERSIONS)}")
     if header.keys() != HEADER_FIELDS:
         keys = set(header)
         missing, extra = sorted(HEADER_FIELDS - keys), sorted(keys - HEADER_FIELDS)
-        raise WireError("header", f"header fields wrong (missing {missing}, unexpected {_short(extra)})")
+        raise WireError("header", f"header fields wrong (missing {missing}, unexpected {short_repr(extra)})")
     kind = header["kind"]
     if not isinstance(kind, str) or not limits.allows(kind):
-        raise WireError("kind", f"message kind {_short(kind)} unknown or not allowed")
-    _check_ids(header["sender"], header["inc"], header["seq"], header["ver"], "header", "")
+        raise WireError("kind", f"message kind {short_repr(kind)} unknown or not allowed")
+    check_ids(header["sender"], header["inc"], header["seq"], header["ver"], "header", "")
     meta = header["meta"]
     if not isinstance(meta, dict):
         raise WireError("meta", "meta must be a JSON object")
@@ -272,10 +270,10 @@ def pack(frames: Sequence[bytes | memoryview]) -> bytes:
     Used for models: a single frame lets subscribers set ``ZMQ_CONFLATE`` (keep only the newest
     message), which ZeroMQ offers for single-frame messages only.
     """
-    return _packed(bytes(frames[0]), [[buf] for buf in frames[1:]])
+    return packed_frame(bytes(frames[0]), [[buf] for buf in frames[1:]])
 
 
-def _packed(header: bytes, arrays: Sequence[Sequence[bytes | memoryview]]) -> bytes:
+def packed_frame(header: bytes, arrays: Sequence[Sequence[bytes | memoryview]]) -> bytes:
     """The packed frame of ``header`` and arrays, each array's bytes given as pieces laid end to end."""
     out: list[bytes | memoryview] = [PACK_MAGIC, len(header).to_bytes(4, "little"), header]
     size = len(PACK_MAGIC) + 4 + len(header)
@@ -403,90 +401,9 @@ def encode(
     return [data, *buffers]
 
 
-def _batch_size(arrays: Mapping[str, np.ndarray]) -> int:
-    """Common leading length of batch arrays (0 for no arrays); WireError("shape") otherwise."""
-    sizes: dict[str, int] = {}
-    for name, array in arrays.items():
-        shape = np.shape(array)
-        if not shape:
-            raise WireError("shape", f"batch array {name!r} has no leading (batch) dimension")
-        sizes[name] = int(shape[0])
-    if len(set(sizes.values())) > 1:
-        raise WireError("shape", f"batch arrays have unequal leading lengths: {sizes}")
-    return next(iter(sizes.values()), 0)
-
-
-def check_batch(msg: Message) -> int:
-    """Check that ``msg`` is a BATCH whose arrays share one leading length; return it."""
-    if msg.kind not in (BATCH, BUNDLE):
-        raise WireError("kind", f"expected a {BATCH!r} message, got {msg.kind!r}")
-    return _batch_size(msg.arrays)
-
-
-BatchSpec = Mapping[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, per-item shape)
-OPTIONAL_FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {"priority": (np.dtype(np.float32), ())}
-
-
-def _fits_spec(msg: Message, spec: BatchSpec) -> int | None:
-    """A batch's length when it fits ``spec`` exactly (the common case, checked in one pass); else None."""
-    if msg.kind not in (BATCH, BUNDLE) or not msg.arrays:
-        return None
-    n, required = -1, 0
-    for key, array in msg.arrays.items():
-        want = spec.get(key)
-        if want is not None:
-            required += 1
-        else:
-            want = OPTIONAL_FIELDS.get(key)
-            if want is None:
-                return None
-        shape = array.shape
-        if not shape or array.dtype != want[0] or shape[1:] != want[1] or (n >= 0 and shape[0] != n):
-            return None
-        n = shape[0]
-    return n if required == len(spec) else None
-
-
-def check_batch_spec(msg: Message, spec: BatchSpec) -> int:
-    """Check a BATCH (or a BUNDLE of them) against the run's batch spec (every field of ``spec``, plus the optional
-    ``priority``; each dtype and per-item shape exact); return its length.
-
-    A message can pass every other check and still not be this run's data (another env, a
-    stray script): it raises WireError("schema") naming the field, before it reaches replay.
-    """
-    n = _fits_spec(msg, spec)
-    if n is not None:
-        return n
-    n = check_batch(msg)  # something does not fit: find what, and say it
-    keys, expected = set(msg.arrays), set(spec)
-    missing, extra = sorted(expected - keys), sorted(keys - expected - set(OPTIONAL_FIELDS))
-    if missing or extra:
-        raise WireError("schema", f"batch fields differ from this run's: missing {missing}, unexpected {extra}")
-    for key, array in msg.arrays.items():
-        dtype, shape = spec[key] if key in spec else OPTIONAL_FIELDS[key]
-        if array.dtype != dtype or tuple(array.shape[1:]) != tuple(shape):
-            raise WireError("schema", f"batch field {key!r} is {array.dtype}{list(array.shape[1:])} per item, "
-                                      f"this run's is {np.dtype(dtype)}{list(shape)}")
-    return n
-
-
 def encode_hello(sender: str, incarnation: str, seq: int, meta: Mapping[str, Any]) -> list[bytes | memoryview]:
     """A HELLO: a peer telling the learner about itself (e.g. why it refused the learner's model)."""
     return encode(HELLO, sender=sender, incarnation=incarnation, seq=seq, version=NO_VERSION, meta=dict(meta))
-
-
-def encode_batch(
-    sender: str,
-    incarnation: str,
-    seq: int,
-    version: int,
-    batch: Mapping[str, np.ndarray],
-    episodes: Mapping[str, Any] | None = None,
-) -> list[bytes | memoryview]:
-    """A BATCH of transitions (equal leading lengths); ``meta = {"episodes": episodes}`` if given."""
-    _batch_size(batch)
-    meta = {"episodes": dict(episodes)} if episodes is not None else {}
-    return encode(BATCH, sender=sender, incarnation=incarnation, seq=seq, version=version, arrays=batch, meta=meta)
 
 
 def encode_model(
@@ -523,79 +440,3 @@ def encode_eval(
     incarnation of the model, the report's MAC)."""
     return encode(EVAL, sender=sender, incarnation=incarnation, seq=seq, version=version,
                   meta=eval_meta(version, returns, lengths, extra))
-
-
-# --------------------------------------------------------------------------- bundles (proxy -> learner)
-
-BUNDLE_META_DEPTH = MAX_META_DEPTH - 3  # a part's meta sits three containers deep in its bundle's meta
-
-
-def batch_layout(specs: Sequence[Spec]) -> tuple[tuple[Any, ...], int] | None:
-    """A batch's layout (each array's name, dtype and item shape) and its length, from the specs
-    :func:`peek` returns; None when its arrays could not be joined with others' (none at all, one
-    without a leading dimension, unequal leading lengths, no rows)."""
-    if not specs:
-        return None
-    n = -1
-    for _, _, shape, _ in specs:
-        if not shape or (n >= 0 and shape[0] != n):
-            return None
-        n = shape[0]
-    if n <= 0:
-        return None
-    return tuple((name, dtype.str, shape[1:]) for name, dtype, shape, _ in specs), n
-
-
-def encode_bundle(sender: str, incarnation: str, seq: int,
-                  parts: Sequence[tuple[Mapping[str, Any], Sequence[memoryview], int]],
-                  limits: Limits = DEFAULT_LIMITS) -> list[bytes]:
-    """One packed frame joining BATCH messages of one layout: ``parts`` holds each one's header
-    (as :func:`peek` returns it), its views (header first, then its arrays' bytes) and its length.
-    Each array's bytes are the parts' bytes end to end; meta lists whose rows are whose.
-    Raises WireError when the parts' layouts differ or the header would exceed the limit."""
-    if not parts:
-        raise WireError("shape", "a bundle needs at least one batch")
-    first = parts[0][0]["arrays"]
-    total = sum(n for _, _, n in parts)
-    entries = [[name, dtype, [total, *shape[1:]]] for name, dtype, shape in first]
-    layout = [(name, dtype, shape[1:]) for name, dtype, shape in first]
-    for header, _, _ in parts[1:]:
-        if [(name, dtype, shape[1:]) for name, dtype, shape in header["arrays"]] != layout:
-            raise WireError("schema", f"batch from {header['sender']!r} has another array layout than "
-                                      f"{parts[0][0]['sender']!r}'s: they cannot share a bundle")
-    meta = {"parts": [[h["sender"], h["inc"], h["seq"], h["ver"], n, h["meta"]] for h, _, n in parts]}
-    data = json.dumps({"p": PROTOCOL_NAME, "v": PROTOCOL_VERSION, "kind": BUNDLE, "sender": sender,
-                       "inc": incarnation, "seq": seq, "ver": NO_VERSION, "arrays": entries, "meta": meta},
-                      separators=(",", ":")).encode("utf-8")
-    if len(data) > limits.max_header_bytes:
-        raise WireError("size", f"bundle header is {len(data)} bytes, limit {limits.max_header_bytes}")
-    return [_packed(data, [[views[j] for _, views, _ in parts] for j in range(1, len(entries) + 1)])]
-
-
-def unbundle(msg: Message, rows: int | None = None) -> list[Message]:
-    """The BATCH messages a BUNDLE joined, in order, their arrays views of the bundle's; WireError
-    ("meta" or "shape") unless its parts are well formed and account for its rows exactly.
-    ``rows``: its length, where the caller already checked it (:func:`check_batch_spec`)."""
-    parts = msg.meta.get("parts") if msg.meta.keys() == {"parts"} else None
-    if type(parts) is not list or not parts:
-        raise WireError("meta", "a bundle's meta must be {\"parts\": [[sender, inc, seq, ver, n, meta], ...]}")
-    total = check_batch(msg) if rows is None else rows
-    row_bytes = msg.nbytes // total if total else 0
-    out: list[Message] = []
-    lo = 0
-    for i, part in enumerate(parts):
-        if type(part) is not list or len(part) != 6:
-            raise WireError("meta", f"bundle part {i} must be [sender, inc, seq, ver, n, meta]")
-        sender, inc, seq, ver, n, meta = part
-        _check_ids(sender, inc, seq, ver, "meta", f"bundle part {i}: ")
-        if not _is_int(n) or not 0 < n <= total - lo:
-            raise WireError("shape", f"bundle part {i} claims {_short(n)} rows; {total - lo} of {total} are left")
-        if not isinstance(meta, dict):
-            raise WireError("meta", f"bundle part {i}: meta must be a JSON object")
-        hi = lo + n
-        out.append(Message(BATCH, sender, inc, seq, ver, {k: a[lo:hi] for k, a in msg.arrays.items()}, meta,
-                           n * row_bytes))
-        lo = hi
-    if lo != total:
-        raise WireError("shape", f"bundle parts hold {lo} rows, its arrays {total}")
-    return out

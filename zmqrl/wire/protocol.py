@@ -14,7 +14,7 @@ A message is a ZeroMQ multipart message ``[header, buffer0, buffer1, ...]``:
 A BUNDLE is a proxy's join of several actors' BATCH messages of one array layout: each array
 is theirs end to end, and ``meta`` is ``{"parts": [[sender, inc, seq, ver, n, meta], ...]}``,
 one entry per batch in order (its header's fields and its ``n`` rows), which the learner splits
-back into those batches (:func:`~zmqrl.wire.codec.unbundle`).
+back into those batches (:func:`~zmqrl.wire.batches.unbundle`).
 
 Nothing in this package ever unpickles data: arrays are rebuilt with
 ``numpy.frombuffer`` from an allow-list of plain little-endian numeric dtypes.

@@ -17,8 +17,6 @@ Choices other code relies on:
   a peer that sends a larger frame, before anything reaches Python.
 * Frames of at least ``copy_threshold`` bytes (64 KiB) are sent zero-copy: do
   not modify an array after passing it to ``send_frames``.
-* :class:`BatchEncoder` makes a sender's stream of BATCH messages from a header
-  template: the same bytes as ``encode``, for a third of the work.
 * With ``SocketOptions.security`` set (see :mod:`zmqrl.wire.security`), a socket
   that binds is a CURVE server and one that connects a CURVE client.  Server
   sockets need a :class:`~zmqrl.wire.security.SecureContext`, which runs the
@@ -27,25 +25,19 @@ Choices other code relies on:
 
 from __future__ import annotations
 
-import json
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import zmq
 
-from .codec import Frame, decode, encode, pack
+from .codec import Frame, decode
 from .monitor import watch_from_start
 from .protocol import (
-    BATCH,
     DEFAULT_COPY_THRESHOLD,
     DEFAULT_LIMITS,
-    MAX_INT,
-    MAX_META_DEPTH,
     MODEL,
-    NO_VERSION,
     Limits,
     Message,
     WireError,
@@ -380,112 +372,3 @@ def drain_latest_model(
         if tracker.offer(msg.incarnation, msg.version):
             latest = msg
     return latest, bad
-
-
-_HOLE = "\x00hole\x00"  # stands for a value filled in per message while a header template is made
-_HOLE_JSON = json.dumps(_HOLE)
-
-
-def _meta_json(meta: object, max_depth: int) -> str | None:
-    """``meta`` as the compact JSON :func:`encode` puts in a header, or None where only ``encode`` can say.
-
-    None for anything but a dict of JSON values (numpy scalars, for instance, which ``encode``
-    converts) and for JSON with more than ``max_depth`` brackets, an upper bound of its nesting depth.
-    """
-    if not isinstance(meta, dict):
-        return None
-    try:
-        text = json.dumps(meta, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError):
-        return None
-    return text if text.count("{") + text.count("[") <= max_depth else None
-
-
-class BatchEncoder:
-    """The frames :func:`~zmqrl.wire.codec.encode` makes for one sender's BATCH messages, for less work.
-
-    Batches from one sender differ only in ``seq``, ``ver``, the arrays' leading lengths and
-    ``meta``, yet ``encode`` builds, validates and serialises the whole header each time, which
-    costs an actor several percent of its steps. The first batch of each array layout (names,
-    dtypes, trailing shapes) goes through ``encode`` with every check; its header then becomes a
-    template, kept only if it reproduces that header byte for byte (so a change to the codec's
-    header format makes this fall back to ``encode``; it never diverges from it). Later batches
-    fill in the holes after the checks that concern those values: ints in range, sizes within
-    ``limits``, and meta of plain JSON values, clearly within ``MAX_META_DEPTH`` (any other meta,
-    e.g. with numpy scalars, goes through ``encode``). Buffers are views of the arrays, as with
-    ``encode``: do not modify an array until its message is sent.
-
-    A batch whose arrays hold fewer than ``pack_below`` bytes leaves as one packed frame
-    (:func:`~zmqrl.wire.codec.pack`, a copy): for small batches every frame costs the receiver
-    more than copying it would (CartPole's 3 KB batch: 5.5 us to receive as one frame, 12.4 us
-    as seven).
-    """
-
-    def __init__(self, sender: str, incarnation: str, limits: Limits = DEFAULT_LIMITS, pack_below: int = 0) -> None:
-        self.sender, self.incarnation, self.limits = sender, incarnation, limits
-        self.pack_below = pack_below
-        self._templates: dict[tuple[Any, ...], list[str] | None] = {}  # None: this layout always via encode
-        self.fast = 0  # batches encoded from a template
-
-    def encode(self, seq: int, version: int, arrays: Mapping[str, np.ndarray],
-               meta: Mapping[str, Any]) -> list[bytes | memoryview]:
-        """Frames of one BATCH: what ``encode`` returns, or that packed into one frame when small."""
-        frames = self._frames(seq, version, arrays, meta)
-        if self.pack_below and len(frames) > 1 and sum(memoryview(f).nbytes for f in frames[1:]) < self.pack_below:
-            return [pack(frames)]
-        return frames
-
-    def _frames(self, seq: int, version: int, arrays: Mapping[str, np.ndarray],
-                meta: Mapping[str, Any]) -> list[bytes | memoryview]:
-        """Frames ``[header, buffer...]`` of one BATCH, equal to what ``encode`` returns."""
-        values = [np.asarray(a) for a in arrays.values()]
-        if not values or any(a.ndim == 0 or not a.flags.c_contiguous for a in values):
-            return self._encode(seq, version, arrays, meta)
-        layout = (*arrays, *((a.dtype, a.shape[1:]) for a in values))
-        known = layout in self._templates
-        template = self._templates.get(layout)
-        meta_json = _meta_json(meta, MAX_META_DEPTH) if template is not None or not known else None
-        lengths = [len(a) for a in values]
-        if template is None or meta_json is None:
-            frames = self._encode(seq, version, arrays, meta)
-            if not known and meta_json is not None:
-                self._templates[layout] = self._template(list(arrays), values, seq, version, lengths, meta_json,
-                                                         bytes(frames[0]))
-            return frames
-        if not (type(seq) is int and 0 <= seq <= MAX_INT and type(version) is int
-                and NO_VERSION <= version <= MAX_INT):
-            raise WireError("header", f"seq must be an int in 0..2**63-1 and ver in -1..2**63-1, "
-                                      f"got {seq!r} and {version!r}")
-        if sum(a.nbytes for a in values) > self.limits.max_message_bytes:
-            raise WireError("size", f"payload exceeds max_message_bytes={self.limits.max_message_bytes}")
-        header = _fill(template, seq, version, lengths, meta_json)
-        if len(header) > self.limits.max_header_bytes:
-            raise WireError("size", f"header is {len(header)} bytes, limit {self.limits.max_header_bytes}")
-        self.fast += 1
-        return [header, *(a.reshape(-1).view(np.uint8).data for a in values)]
-
-    def _encode(self, seq: int, version: int, arrays: Mapping[str, np.ndarray],
-                meta: Mapping[str, Any]) -> list[bytes | memoryview]:
-        return encode(BATCH, sender=self.sender, incarnation=self.incarnation, seq=seq, version=version,
-                      arrays=arrays, meta=meta, limits=self.limits)
-
-    def _template(self, names: list[str], values: list[np.ndarray], seq: int, version: int, lengths: list[int],
-                  meta_json: str, expected: bytes) -> list[str] | None:
-        """The header split around its holes (seq, ver, leading lengths, meta) if it reproduces ``expected``."""
-        reference = json.loads(expected)
-        entries = [[name, a.dtype.str, [_HOLE, *a.shape[1:]]] for name, a in zip(names, values, strict=True)]
-        header = {"p": reference.get("p"), "v": reference.get("v"), "kind": BATCH, "sender": self.sender,
-                  "inc": self.incarnation, "seq": _HOLE, "ver": _HOLE, "arrays": entries, "meta": _HOLE}
-        parts = json.dumps(header, separators=(",", ":")).split(_HOLE_JSON)
-        if len(parts) != len(entries) + 4 or _fill(parts, seq, version, lengths, meta_json) != expected:
-            return None
-        return parts
-
-
-def _fill(parts: list[str], seq: int, version: int, lengths: list[int], meta_json: str) -> bytes:
-    """A header template with its holes filled: seq, ver, one leading length per array, meta."""
-    out = [parts[0], str(seq), parts[1], str(version), parts[2]]
-    for length, part in zip(lengths, parts[3:-1], strict=True):
-        out += (str(length), part)
-    out += (meta_json, parts[-1])
-    return "".join(out).encode("utf-8")
