@@ -1,4 +1,4 @@
-"""Process helpers for the multi-process integration tests (tests/test_distributed.py).
+"""Process helpers for the multi-process integration tests (tests/system/test_distributed.py).
 
 Every role runs as ``python -m zmqrl.cli ROLE ...`` in a fresh process session, its stdout and
 stderr in one log file. Everything here is bounded in time: waits take a deadline, stops escalate
@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from zmqrl.bench.harness import alive as pid_alive  # noqa: F401  (re-exported for the tests)
-from zmqrl.bench.harness import cmdline, kill_pids, pids_with_arg  # noqa: F401
+from zmqrl.bench.procfs import alive as pid_alive  # noqa: F401  (re-exported for the tests)
+from zmqrl.bench.procfs import cmdline, kill_pids, pids_with_arg  # noqa: F401
 from zmqrl.run.rundir import read_json  # noqa: F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A one-node Slurm cluster on this machine, from Debian's packages: munged, slurmctld and slurmd,
-# the node being this host. For trying the sbatch scripts here and for tests/test_slurm.py; not
+# the node being this host. For trying the sbatch scripts here and for tests/system/test_slurm.py; not
 # for production. Needs root. Idempotent: daemons already running are left as they are.
 #
 #   sudo launch/slurm/single_node_setup.sh          # then: sinfo; sbatch launch/slurm/zmqrl.sbatch ...

@@ -161,7 +161,7 @@ def test_zmqrl_train_leaves_the_callers_thread_as_it_found_it(tmp_path: Path) ->
         seen.append(on)
         return real(on)
 
-    cfg = config_mod.load(Path(__file__).parents[1] / "configs" / "cartpole_dqn.yaml",
+    cfg = config_mod.load(Path(__file__).parents[2] / "configs" / "cartpole_dqn.yaml",
                           ["trainer.max_opts=20", "trainer.warmup=64", "trainer.eval_interval=1000"])
     import zmqrl.run.train as train_mod
 

@@ -568,7 +568,7 @@ def test_config_keys_are_checked() -> None:
 def test_shipped_configs_load_and_fit_their_envs() -> None:
     from pathlib import Path
 
-    configs = Path(__file__).resolve().parent.parent / "configs"
+    configs = Path(__file__).resolve().parents[2] / "configs"
     for name in ("pendulum_sac.yaml", "halfcheetah_sac.yaml", "hopper_sac.yaml"):
         cfg = config.load(configs / name)
         assert isinstance(cfg.agent, SACConfig) and cfg.agent.algo == "sac"

@@ -30,7 +30,7 @@ from zmqrl.roles.addresses import free_port
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import SocketOptions, encode_model, make_socket, new_incarnation
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CARTPOLE = REPO / "configs" / "cartpole_dqn.yaml"
 FIELDS = {"name", "measured", "baseline", "ratio", "goal", "met", "unit", "note"}
 

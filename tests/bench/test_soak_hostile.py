@@ -25,11 +25,12 @@ import numpy as np
 import pytest
 import zmq
 
-from zmqrl.bench import hostile, soak
+from zmqrl.bench import hostile, soak, soak_hostile
+from zmqrl.bench import hostile_messages as msgs
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import BATCH, EVAL, HELLO, PACK_MAGIC, STATS, decode
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 CARTPOLE_SPEC = {"obs": ("<f4", [4]), "action": ("<i8", []), "reward": ("<f4", []), "next_obs": ("<f4", [4]),
                  "discount": ("<f4", []), "priority": ("<f4", [])}
@@ -54,14 +55,14 @@ def header_of(frames: list[bytes]) -> dict[str, Any]:
 # --- the message builders ---------------------------------------------------------------------------
 
 def test_dumps_writes_literals_as_given_and_python_numbers_as_json_does() -> None:
-    text = hostile.dumps({"a": hostile.Literal("1e400"), "b": [hostile.Literal("-1e400"), float("nan")],
+    text = msgs.dumps({"a": msgs.Literal("1e400"), "b": [msgs.Literal("-1e400"), float("nan")],
                           "c": 10**30, "d": "x"})
     assert text == '{"a":1e400,"b":[-1e400,NaN],"c":1000000000000000000000000000000,"d":"x"}'
 
 
 def test_the_zero_shape_array_declares_0_by_2_to_the_62_in_zero_bytes() -> None:
-    frames = hostile.message(BATCH, "s", "i", 0, 0, hostile.zero_shape_arrays(np.random.default_rng(0)),
-                             hostile.batch_meta(0))
+    frames = msgs.message(BATCH, "s", "i", 0, 0, msgs.zero_shape_arrays(np.random.default_rng(0)),
+                             msgs.batch_meta(0))
     header = header_of(frames)
     assert header["arrays"][-1] == ["pad", "<f4", [0, 2**62]]
     assert frames[-1] == b""
@@ -71,31 +72,31 @@ def test_the_zero_shape_array_declares_0_by_2_to_the_62_in_zero_bytes() -> None:
 
 
 def test_meta_numbers_put_nan_infinity_and_huge_ints_into_the_header_bytes() -> None:
-    variants = hostile.number_metas()
+    variants = msgs.number_metas()
     kinds = {kind for kind, _ in variants}
     assert kinds == {BATCH, STATS, EVAL}
     found = set()
     for kind, meta in variants:
-        raw = hostile.message(kind, "s", "i", 0, 0, [], meta)[0]
+        raw = msgs.message(kind, "s", "i", 0, 0, [], meta)[0]
         bad = [token for token in (b"NaN", b"1e400", b"1" + b"0" * 400) if token in raw]
         assert bad, (kind, raw[:200])  # each message carries at least one number no role should take
         found.update(bad)
-        assert json.loads(raw)["meta"] == json.loads(hostile.dumps(meta))  # what the receiver parses
+        assert json.loads(raw)["meta"] == json.loads(msgs.dumps(meta))  # what the receiver parses
     assert found == {b"NaN", b"1e400", b"1" + b"0" * 400}
-    first = json.loads(hostile.message(BATCH, "s", "i", 0, 0, [], variants[0][1])[0])
+    first = json.loads(msgs.message(BATCH, "s", "i", 0, 0, [], variants[0][1])[0])
     assert math.isnan(first["meta"]["stats"]["env_steps"])
-    second = json.loads(hostile.message(BATCH, "s", "i", 0, 0, [], variants[1][1])[0])
+    second = json.loads(msgs.message(BATCH, "s", "i", 0, 0, [], variants[1][1])[0])
     assert second["meta"]["stats"]["env_steps"] == float("inf")  # 1e400 parses as infinity
-    stats = json.loads(hostile.message(STATS, "s", "i", 0, 0, [], next(m for k, m in variants if k == STATS))[0])
+    stats = json.loads(msgs.message(STATS, "s", "i", 0, 0, [], next(m for k, m in variants if k == STATS))[0])
     assert stats["meta"]["forwarded"] == 10**400
 
 
 def test_bad_values_fit_the_batch_spec_and_carry_exactly_their_fault() -> None:
-    batches = dict(hostile.bad_value_batches(np.random.default_rng(0)))
+    batches = dict(msgs.bad_value_batches(np.random.default_rng(0)))
     assert set(batches) == {"action 7", "NaN reward", "NaN obs", "NaN priority", "inf priority"}
     for what, batch in batches.items():
         assert {k: (a.dtype.str, list(a.shape[1:])) for k, a in batch.items()} == CARTPOLE_SPEC, what
-        assert all(len(a) == hostile.N for a in batch.values())
+        assert all(len(a) == msgs.N for a in batch.values())
     assert batches["action 7"]["action"].max() == 7 and set(np.unique(batches["NaN reward"]["action"])) <= {0, 1}
     assert np.isnan(batches["NaN reward"]["reward"]).sum() == 1
     assert np.isnan(batches["NaN obs"]["obs"]).any() and np.isfinite(batches["NaN obs"]["next_obs"]).all()
@@ -106,20 +107,20 @@ def test_bad_values_fit_the_batch_spec_and_carry_exactly_their_fault() -> None:
 
 
 def test_a_forged_evaluation_is_well_formed_and_claims_cartpoles_best_return() -> None:
-    msg = decode(hostile.forged_eval_frames("inc", 7, 42))
+    msg = decode(msgs.forged_eval_frames("inc", 7, 42))
     assert (msg.kind, msg.sender, msg.version, msg.seq) == (EVAL, "evaluator", 42, 7)
     assert msg.meta["returns"] == [500.0] * 10 and msg.meta["version"] == 42
 
 
 def test_long_names_are_distinct_printable_and_250_characters() -> None:
-    names = [hostile.long_name(i) for i in (0, 1, 10**9)]
+    names = [msgs.long_name(i) for i in (0, 1, 10**9)]
     assert len(set(names)) == 3 and all(len(n) == 250 and n.isprintable() for n in names)
     msg = decode(hostile.encode_hello(names[0], "inc", 0, {"role": "actor"}))
     assert (msg.kind, msg.sender) == (HELLO, names[0])
 
 
 def test_the_many_frames_message_has_that_many_two_byte_frames() -> None:
-    frames = hostile.many_frames_message(5000, "inc", 3)
+    frames = msgs.many_frames_message(5000, "inc", 3)
     assert len(frames) == 5000 and set(frames[1:]) == {b"ab"}
     assert header_of(frames)["seq"] == 3
 
@@ -198,7 +199,7 @@ def test_the_client_sends_every_kind_to_its_targets(tmp_path: Path) -> None:
 # --- the soak's arithmetic -------------------------------------------------------------------------------
 
 def sample(t: float, wall: float, transitions: int, opt_steps: int) -> dict[str, Any]:
-    s = soak.learner_sample(t, {"wall_s": wall, "opt_steps": opt_steps, "actors": {
+    s = soak_hostile.learner_sample(t, {"wall_s": wall, "opt_steps": opt_steps, "actors": {
         "actor-0": {"transitions": transitions}, "hostile-flood": {"transitions": 10**6}}})
     assert s is not None
     return s
@@ -207,25 +208,26 @@ def sample(t: float, wall: float, transitions: int, opt_steps: int) -> dict[str,
 def test_rates_are_timed_by_the_learner_and_count_only_honest_actors() -> None:
     samples = [sample(10, 5.0, 0, 0), sample(12, 7.0, 1000, 200), sample(20, 15.0, 5000, 1000),
                sample(30, 25.0, 6000, 1500)]
-    quiet = soak.rates(samples, 11, 20)
+    quiet = soak_hostile.rates(samples, 11, 20)
     assert quiet is not None and quiet["actors"] == {"actor-0": 500.0} and quiet["all"] == 500.0
     assert quiet["opt_steps_per_s"] == 100.0 and quiet["seconds"] == 8.0
-    attacked = soak.rates(samples, 20, 40)
+    attacked = soak_hostile.rates(samples, 20, 40)
     assert attacked is not None and attacked["all"] == 100.0
-    assert soak.kept(quiet["all"], attacked["all"]) == 0.2
-    assert soak.kept(0.0, 5.0) is None and soak.kept(None, 1.0) is None
-    assert soak.rates(samples, 25, 40) is None  # one sample is no rate
+    assert soak_hostile.kept(quiet["all"], attacked["all"]) == 0.2
+    assert soak_hostile.kept(0.0, 5.0) is None and soak_hostile.kept(None, 1.0) is None
+    assert soak_hostile.rates(samples, 25, 40) is None  # one sample is no rate
 
 
 def test_an_exit_is_laid_to_the_attack_then_under_way_and_its_exception_found(tmp_path: Path) -> None:
     timeline = [[100.0, "meta_numbers"], [102.0, "zero_shape"], [104.0, "bad_values"]]
-    assert soak.kind_at(timeline, 99.0) is None
-    assert soak.kind_at(timeline, 103.5) == "zero_shape" and soak.kind_at(timeline, 200.0) == "bad_values"
+    assert soak_hostile.kind_at(timeline, 99.0) is None
+    assert soak_hostile.kind_at(timeline, 103.5) == "zero_shape"
+    assert soak_hostile.kind_at(timeline, 200.0) == "bad_values"
     log = tmp_path / "learner.log"
     log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
                    "ValueError: array is too big\nlocal: learner exited\n")
-    assert soak.error_line(log) == "ValueError: array is too big"
-    assert soak.error_line(tmp_path / "missing.log") is None
+    assert soak_hostile.error_line(log) == "ValueError: array is too big"
+    assert soak_hostile.error_line(tmp_path / "missing.log") is None
 
 
 @pytest.mark.parametrize("args, named", [

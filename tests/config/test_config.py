@@ -14,7 +14,7 @@ import yaml
 from zmqrl import cli, config
 from zmqrl.config import Config, ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CARTPOLE_YAML = REPO / "configs" / "cartpole_dqn.yaml"
 
 

@@ -157,7 +157,7 @@ def test_a_policy_without_reusable_values_leaves_priorities_to_the_actor(config_
 
 def test_an_actor_sends_the_priorities_of_its_acting_loop(cartpole_cfg: Callable[..., Config]) -> None:
     """End to end: every batch carries priorities, those of the policy's own forward pass (one model)."""
-    from test_actor import Rig, check_stream
+    from rigs import Rig, check_stream
 
     rig = Rig(cartpole_cfg("actor.nice=0", "actor.n_buffer=32", "net.peer_wait_s=20", "actor.backend=torch"))
     try:

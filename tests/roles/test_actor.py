@@ -10,63 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
+from rigs import Rig, check_stream
 
-from zmqrl.agents.dqn.numpy_policy import mlp_param_shapes
 from zmqrl.config import Config
 from zmqrl.roles.actor import MODEL_POLL_S, Actor
-from zmqrl.roles.addresses import free_port
-from zmqrl.run.lifecycle import Every, StopFlag
-from zmqrl.wire import BATCH, Message, SocketOptions, decode, encode_model, make_socket
-
-LEARNER_INC = "learner-test-inc"
-
-
-def tcp() -> str:
-    return f"tcp://127.0.0.1:{free_port()}"
-
-
-def params(cfg: Config, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    shapes = mlp_param_shapes(cfg.agent, 4, 2)  # CartPole: 4 observations, 2 actions
-    return {k: (rng.standard_normal(s) * 0.1).astype(np.float32) for k, s in shapes.items()}
-
-
-class Rig:
-    """An actor plus the sink (PULL) and model publisher (PUB) it talks to."""
-
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.ctx = zmq.Context(io_threads=1)
-        sink_addr, model_addr = tcp(), tcp()
-        self.pull = make_socket(self.ctx, zmq.PULL, SocketOptions.pull(rcvhwm=10_000), bind=sink_addr)
-        self.pub = make_socket(self.ctx, zmq.PUB, SocketOptions.pub(), bind=model_addr)
-        self.actor = Actor(cfg, 0, sink_addr, model_addr)
-        self.stop = StopFlag()
-
-    def publish(self, version: int, meta: dict[str, Any] | None = None) -> None:
-        self.pub.send(encode_model("learner", LEARNER_INC, version, params(self.cfg, version), meta=meta)[0])
-
-    def start(self) -> None:
-        """Publish version 0 until the actor's subscription is up."""
-        deadline = time.monotonic() + 20
-        while not self.actor.sub.poll(20, zmq.POLLIN):
-            assert time.monotonic() < deadline, "the actor's SUB never received a model"
-            self.publish(0)
-
-    def received(self, timeout_s: float = 5.0) -> list[Message]:
-        """Every batch that reached the sink, once ``actor.stats.batches`` of them have."""
-        msgs: list[Message] = []
-        deadline = time.monotonic() + timeout_s
-        while len(msgs) < self.actor.stats.batches and time.monotonic() < deadline:
-            if self.pull.poll(50, zmq.POLLIN):
-                msgs.append(decode(self.pull.recv_multipart()))
-        return msgs
-
-    def close(self) -> None:
-        self.actor.close()
-        self.pull.close(linger=0)
-        self.pub.close(linger=0)
-        self.ctx.term()
+from zmqrl.run.lifecycle import Every
 
 
 @pytest.fixture
@@ -89,17 +37,6 @@ def record_sent_at_finish(actor: Actor) -> list[int]:
 
     actor._finish_batch = wrapped  # type: ignore[method-assign]
     return sent
-
-
-def check_stream(msgs: list[Message], rig: Rig) -> None:
-    actor = rig.actor
-    assert [m.seq for m in msgs] == list(range(actor.seq)) and actor.seq == actor.stats.batches
-    assert sum(len(m.arrays["reward"]) for m in msgs) == actor.stats.transitions
-    for m in msgs:
-        assert m.kind == BATCH and m.incarnation == actor.incarnation
-        assert len(m.arrays["reward"]) >= rig.cfg.actor.n_buffer
-        assert set(m.arrays) == {"obs", "action", "reward", "next_obs", "discount", "priority"}
-        assert m.meta["model_inc"] == LEARNER_INC and m.version <= m.meta["max_version"]
 
 
 def test_every_finished_batch_is_sent_in_order(rig: Rig) -> None:

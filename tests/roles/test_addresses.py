@@ -23,15 +23,13 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from procs import CONFIG, REPO, Proc, Procs, role_env, wait_for  # noqa: E402
 from zmqrl.config import ConfigError
 from zmqrl.roles import addresses as common
 from zmqrl.roles.addresses import endpoint, free_port
 from zmqrl.wire import SocketOptions, make_socket
 from zmqrl.wire import monitor as monitor_mod
 from zmqrl.wire.monitor import LinkMonitor, note_origin
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import CONFIG, REPO, Proc, Procs, role_env, wait_for  # noqa: E402
 
 NOHOST = "nohost.invalid"  # RFC 2606: never resolves
 FIRST_LINE_S = 5.0  # deadline for the first waiting line (it goes out about 0.5 s after the connect)
@@ -380,11 +378,13 @@ def test_a_link_is_one_connection_and_its_loss_is_reported(ctx: zmq.Context,
     link = LinkMonitor(push, "actor-0", f"to proxy {address}")
     try:
         assert pull.poll(5000) and pull.recv(zmq.NOBLOCK) == b"first"
-        wait_for(lambda: link.up == 1, 10.0, "the handshake seen")
-        assert link.peers == 1 and not link.down and "actor-0: link to proxy" in caplog.text
+        wait_for(lambda: link.up == 1 and "actor-0: link to proxy" in caplog.text, 10.0, "the handshake seen "
+                 "and logged (the link thread counts it, then logs it)")
+        assert link.peers == 1 and not link.down
         wait_for(lambda: peer_events() or accepted, 10.0, "the connection accepted")
         pull.close(linger=0)
-        wait_for(lambda: link.down, 10.0, "the loss seen", diag=lambda: caplog.text)
+        wait_for(lambda: link.down and warnings(caplog, f"actor-0: link to proxy {address} lost"), 10.0,
+                 "the loss seen and logged", diag=lambda: caplog.text)
         peer_events()
         assert (accepted, link.up, link.drops, link.peers) == (1, 1, 1, 0)
         assert len(warnings(caplog, f"actor-0: link to proxy {address} lost")) == 1

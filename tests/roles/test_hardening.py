@@ -22,49 +22,17 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
+from rigs import cartpole_batch, frames, in_process_learner, ingest_until, tcp
 
 from procs import Procs, role_env, wait_for, zmqrl_argv
 from zmqrl.agents.base import apex_epsilon
-from zmqrl.config import Config, ConfigError
+from zmqrl.config import ConfigError
 from zmqrl.roles.addresses import free_port
-from zmqrl.roles.learner import Learner
 from zmqrl.run.acting import make_task
 from zmqrl.run.rundir import read_json
-from zmqrl.wire import BATCH, MODEL, encode, new_incarnation, pack
+from zmqrl.wire import MODEL, encode, new_incarnation, pack
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def tcp(port: int | None = None) -> str:
-    return f"tcp://127.0.0.1:{port or free_port()}"
-
-
-def cartpole_batch(n: int, seed: int, priority: float | None = 0.5) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    batch = {"obs": rng.standard_normal((n, 4)).astype(np.float32), "action": rng.integers(0, 2, n),
-             "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
-             "discount": np.full(n, 0.97, np.float32)}
-    if priority is not None:
-        batch["priority"] = np.full(n, priority, np.float32)
-    return batch
-
-
-def frames(sender: str, seq: int, arrays: dict[str, np.ndarray], inc: str = "inc-1") -> list[Any]:
-    return encode(BATCH, sender=sender, incarnation=inc, seq=seq, version=0, arrays=arrays,
-                  meta={"stats": {"env_steps": 64 * (seq + 1)}})
-
-
-def ingest_until(learner: Learner, cond: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the learner to take the messages in"
-        learner.ingest(timeout=0.05)
-
-
-def in_process_learner(cfg: Config, run_dir: Path) -> Learner:
-    learner = Learner(cfg, run_dir, tcp(), tcp(), tcp())
-    learner.agent_ready(block=True)
-    return learner
 
 
 # ------------------------------------------------------------------------- batches and priorities

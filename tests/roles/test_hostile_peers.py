@@ -50,7 +50,7 @@ from zmqrl.wire.tracking import MAX_SEQ_GAP
 
 pytestmark = pytest.mark.timeout(240)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tcp(port: int | None = None) -> str:

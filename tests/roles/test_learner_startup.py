@@ -427,7 +427,7 @@ def test_train_signalled_after_its_loop_still_writes_its_final_checkpoint(tmp_pa
     """``zmqrl train`` TERMed between the end of its loop and its final save (a job runner stopping it
     as it finishes) writes the final checkpoint and summary and exits 0, not -15."""
     def run(run_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
-        args = ["train", str(Path(__file__).parent.parent / "configs" / "cartpole_dqn.yaml"), "--run-dir",
+        args = ["train", str(Path(__file__).parents[2] / "configs" / "cartpole_dqn.yaml"), "--run-dir",
                 str(run_dir), "--set", "trainer.warmup=64", "--set", "trainer.max_opts=20",
                 "--set", "trainer.eval_interval=1000", "--set", "trainer.stop_return=null"]
         return subprocess.run([sys.executable, "-c", _TRAIN_SIGNALLED_AFTER_ITS_LOOP, *args], capture_output=True,

@@ -10,7 +10,6 @@ receive queue per hold.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,12 +18,10 @@ import numpy as np
 import pytest
 import zmq
 
-from zmqrl.roles.addresses import free_port
-from zmqrl.wire import BATCH, BUNDLE, Limits, decode, encode, new_incarnation, unbundle
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import Procs, wait_for  # noqa: E402
+from zmqrl.roles.addresses import free_port
 from zmqrl.run.rundir import read_json
+from zmqrl.wire import BATCH, BUNDLE, Limits, decode, encode, new_incarnation, unbundle
 
 BATCHES = 100
 GAP_S = 0.01  # between two batches sent: 5 per hold below, under half the proxy's receive queue (16)

@@ -6,8 +6,8 @@ restart a role that dies: the actor as a new incarnation of the same id, the lea
 by ``--max-restarts``; every restart is counted in ``RUN_DIR/supervisor/NAME.json``, which
 ``zmqrl status`` shows. Runs are short CartPole runs on the two shared cores of this machine.
 
-    .venv/bin/pytest tests/test_supervision.py            # everything (~3 min on 2 busy cores)
-    .venv/bin/pytest -m "not slow" tests/test_supervision.py
+    .venv/bin/pytest tests/roles/test_supervision.py            # everything (~3 min on 2 busy cores)
+    .venv/bin/pytest -m "not slow" tests/roles/test_supervision.py
 """
 
 from __future__ import annotations

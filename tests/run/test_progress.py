@@ -21,7 +21,7 @@ from zmqrl.run.record import Progress, format_duration, run_table
 
 pytestmark = pytest.mark.timeout(180)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHORT = ["trainer.max_opts=400", "trainer.warmup=100", "trainer.eval_interval=200", "trainer.save_interval=0",
          "trainer.eval_episodes=2", "trainer.record_interval=20", "trainer.stop_return=null",
          "env.max_episode_steps=100"]

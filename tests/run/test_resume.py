@@ -29,7 +29,7 @@ from zmqrl.run.acting import STATE_FILE as ENV_STATE_FILE
 from zmqrl.run.checkpoint import REPLAY_FILE, CheckpointError
 from zmqrl.run.train import train
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHORT = ["trainer.warmup=100", "trainer.eval_interval=50", "trainer.eval_episodes=2", "trainer.record_interval=50",
          "trainer.stop_return=null", "trainer.save_interval=50", "trainer.checkpoint_replay=true",
          "replay.capacity=5000"]

@@ -21,7 +21,7 @@ from zmqrl.config import Config
 from zmqrl.run import checkpoint
 from zmqrl.run.train import train
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHORT_RUN = ["trainer.max_opts=300", "trainer.warmup=200", "trainer.eval_interval=100", "trainer.save_interval=100",
              "trainer.eval_episodes=2", "trainer.record_interval=50", "trainer.stop_return=null",
              "env.max_episode_steps=200"]

@@ -4,9 +4,9 @@ Each role runs as ``python -m zmqrl.cli ROLE ...`` (see tests/procs.py). The mac
 has two cores shared by every process, so the runs are small and use at most two actors. Every
 wait has a deadline; every process is stopped (SIGTERM, then SIGKILL) when a test ends, pass or fail.
 
-    .venv/bin/pytest tests/test_distributed.py              # everything (~3-4 min on 2 cores)
-    .venv/bin/pytest -m slow tests/test_distributed.py      # the learning run only
-    .venv/bin/pytest -m "not slow" tests/test_distributed.py  # the quick ones (~5-15 s each)
+    .venv/bin/pytest tests/system/test_distributed.py              # everything (~3-4 min on 2 cores)
+    .venv/bin/pytest -m slow tests/system/test_distributed.py      # the learning run only
+    .venv/bin/pytest -m "not slow" tests/system/test_distributed.py  # the quick ones (~5-15 s each)
 """
 
 from __future__ import annotations
@@ -26,14 +26,12 @@ from typing import Any
 import pytest
 import zmq
 
+from procs import Proc, Procs, cmdline, log_tail, pid_alive, pids_with_arg, wait_for, zmqrl_argv  # noqa: E402
 from zmqrl.roles.addresses import free_port
 from zmqrl.run.checkpoint import POLICY_FILE
+from zmqrl.run.rundir import read_json
 from zmqrl.tools.enjoy import load_policy
 from zmqrl.wire import BATCH, BUNDLE, STATS, Limits, WireError, decode, unbundle
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import Proc, Procs, cmdline, log_tail, pid_alive, pids_with_arg, wait_for, zmqrl_argv  # noqa: E402
-from zmqrl.run.rundir import read_json
 
 SEED = "run.seed=7"
 GOT_MODEL = re.compile(r"got model version (\d+) after ([0-9.]+)s")
@@ -432,7 +430,7 @@ def test_local_launcher_sigterm_stops_every_role(tmp_path: Path, procs: Procs) -
 
 @pytest.mark.timeout(120)
 def test_local_launcher_reports_a_dead_role(tmp_path: Path, procs: Procs) -> None:
-    """With --fail-fast a dead role ends the run (without it the role is restarted: tests/test_supervision.py)."""
+    """With --fail-fast a dead role ends the run (without it the role is restarted: tests/roles/test_supervision.py)."""
     run_dir = tmp_path / "run"
     local = start_local(procs, run_dir, flags=("--fail-fast",))
     children = wait_local_running(procs, run_dir)

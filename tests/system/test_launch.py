@@ -5,8 +5,8 @@
 - ``multihost_example.sh``: its ``head`` part on one host and its ``host`` part on another, in two
   network namespaces joined by a bridge (tests/netns.py) where this runs as root, else on loopback.
 
-``local.sh`` runs in tests/test_supervision.py, the Slurm scripts in tests/test_slurm.py, the
-Kubernetes entrypoint in tests/test_k8s.py; ``setup.sh`` is what CI runs first.
+``local.sh`` runs in tests/roles/test_supervision.py, the Slurm scripts in tests/system/test_slurm.py, the
+Kubernetes entrypoint in tests/system/test_k8s.py; ``setup.sh`` is what CI runs first.
 """
 
 from __future__ import annotations

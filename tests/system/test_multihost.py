@@ -10,7 +10,7 @@ Each role reaches the others only through the LAN. The partition test takes the 
 switch port down for 10 s, then heals it: the roles must notice within a few seconds, reconnect
 by themselves and carry on without restarts or lost batches.
 
-    sudo .venv/bin/pytest -m multihost tests/test_multihost.py -s   # -s prints the measured times
+    sudo .venv/bin/pytest -m multihost tests/system/test_multihost.py -s   # -s prints the measured times
 
 The soak smoke test at the bottom needs no root and is not marked ``multihost``.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import re
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,7 +28,6 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from netns import Lan, unavailable_reason  # noqa: E402
 from procs import Proc, Procs, wait_for, zmqrl_argv  # noqa: E402
 from zmqrl.run.rundir import read_json
@@ -248,7 +246,7 @@ def test_soak_smoke(tmp_path: Path) -> None:
     from zmqrl.bench import soak
 
     run_dir = tmp_path / "soak"
-    rc = soak.main([str(Path(__file__).resolve().parent.parent / "configs" / "cartpole_dqn.yaml"),
+    rc = soak.main([str(Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn.yaml"),
                     "--minutes", "0.3", "--actors", "2", "--interval-s", "2", "--run-dir", str(run_dir),
                     "--set", "run.seed=3"])
     report = read_json(run_dir / "soak.json")

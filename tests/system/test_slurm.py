@@ -8,7 +8,7 @@ it cleanly and requeues it, it resumes from its checkpoint when it runs again, a
 stops it cleanly. The heterogeneous-job script is checked with ``sbatch --test-only`` (its
 components cannot run together on one node).
 
-    sudo .venv/bin/pytest -m slurm tests/test_slurm.py -s
+    sudo .venv/bin/pytest -m slurm tests/system/test_slurm.py -s
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from zmqrl.run.checkpoint import CheckpointError
 
 pytestmark = pytest.mark.timeout(180)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CARTPOLE = REPO / "configs" / "cartpole_dqn.yaml"
 SHORT = ["trainer.max_opts=200", "trainer.warmup=100", "trainer.eval_interval=100", "trainer.save_interval=100",
          "trainer.eval_episodes=2", "trainer.record_interval=50", "trainer.stop_return=null",

@@ -20,7 +20,7 @@ from zmqrl.tools.enjoy import load_policy
 
 pytestmark = pytest.mark.timeout(180)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHORT = ["trainer.max_opts=200", "trainer.warmup=100", "trainer.eval_interval=100", "trainer.save_interval=100",
          "trainer.eval_episodes=3", "trainer.record_interval=50", "trainer.stop_return=null",
          "env.max_episode_steps=100", "run.seed=3"]

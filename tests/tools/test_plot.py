@@ -18,7 +18,7 @@ from zmqrl.tools.plot import AXES, aggregate, plot_runs, read_run
 
 pytestmark = pytest.mark.timeout(180)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHORT = ["trainer.max_opts=200", "trainer.warmup=100", "trainer.eval_interval=50", "trainer.save_interval=100",
          "trainer.eval_episodes=2", "trainer.record_interval=25", "trainer.stop_return=null",
          "env.max_episode_steps=100"]

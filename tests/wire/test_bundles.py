@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from test_hardening import cartpole_batch, in_process_learner, ingest_until
+from rigs import cartpole_batch, in_process_learner, ingest_until
 
 from procs import Procs, wait_for
 from zmqrl.roles.addresses import free_port

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +23,9 @@ import numpy as np
 import pytest
 import zmq
 
+from procs import Procs, wait_for  # noqa: E402
 from zmqrl.roles.addresses import free_port
+from zmqrl.run.rundir import read_json
 from zmqrl.wire import (
     BATCH,
     BUNDLE,
@@ -39,10 +40,6 @@ from zmqrl.wire import (
 )
 from zmqrl.wire.monitor import LinkMonitor
 from zmqrl.wire.security import AllowList, Security
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import Procs, wait_for  # noqa: E402
-from zmqrl.run.rundir import read_json
 
 pytestmark = pytest.mark.timeout(180)
 

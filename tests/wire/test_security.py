@@ -52,7 +52,7 @@ pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="this libzmq has no
 LOCAL = "tcp://127.0.0.1:*"
 REFUSE_WAIT_MS = 1500  # a refused peer's message must not arrive within this
 ARRIVE_MS = 5000  # an admitted peer's message must arrive within this
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 
 

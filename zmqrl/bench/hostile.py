@@ -1,5 +1,8 @@
 """A hostile peer of a running job: every kind of bad message that was reported, paced, in turn.
 
+(One module past 450 lines: each attack kind reads beside the client state it drives; the messages
+themselves are built in :mod:`zmqrl.bench.hostile_messages`.)
+
 ``zmqrl soak --hostile`` starts it against a ``zmqrl local`` job; it can also be run by hand
 against any CartPole job whose run directory it can read::
 
@@ -23,7 +26,6 @@ for Python's own. This module never imports torch.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -36,14 +38,27 @@ from urllib.parse import urlsplit
 import numpy as np
 import zmq
 
+from zmqrl.bench.hostile_messages import (
+    Array,
+    N,
+    arrays_of,
+    bad_value_batches,
+    batch_meta,
+    cartpole_batch,
+    forged_eval_frames,
+    junk_bytes,
+    long_name,
+    many_frames_message,
+    message,
+    number_metas,
+    zero_shape_arrays,
+)
 from zmqrl.roles.net import new_context, options
 from zmqrl.run.rundir import read_json, write_json_atomic
 from zmqrl.wire import (
     BATCH,
     EVAL,
     HELLO,
-    PROTOCOL_NAME,
-    PROTOCOL_VERSION,
     STATS,
     SocketOptions,
     encode_eval,
@@ -58,131 +73,10 @@ HELP = "Send a running job every kind of bad message, paced, and count what was 
 LEARNER_DATA, LEARNER_EVAL, PROXY = "learner-data", "learner-eval", "proxy"
 DATA_TARGETS = (LEARNER_DATA, PROXY)  # where batches go: the learner directly, and through the proxy
 MAX_SEQ = 2**63 - 1
-NAN = float("nan")
-CARTPOLE_MAX_RETURN = 500.0
-N = 64  # rows per batch (the shipped CartPole config's actor.n_buffer)
 EVAL_BURST = 200  # eval_flood: messages per connection before it is dropped
-NAME_CHARS = 250  # long_names: characters per sender name
 TWIN_STEP = 100_000  # seq_hijack: env steps each twin batch claims beyond the last
 SUMMARY_EVERY_S = 2.0  # how often the real actors' incarnations are read from summary.json
 WRITE_EVERY_S = 1.0
-
-
-# --- building messages ---------------------------------------------------------------------------
-
-class Literal:
-    """A JSON token written as is, for numbers Python's ``json`` cannot write (``1e400``)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
-def dumps(obj: Any) -> str:
-    """``json.dumps`` (NaN, Infinity and ints of any size as Python writes them) with each
-    :class:`Literal` spliced in as its raw text."""
-    literals: list[str] = []
-
-    def default(value: Any) -> str:
-        if isinstance(value, Literal):
-            literals.append(value.text)
-            return f"\0literal{len(literals) - 1}\0"
-        raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-    text = json.dumps(obj, default=default, separators=(",", ":"))
-    for i, literal in enumerate(literals):
-        text = text.replace(json.dumps(f"\0literal{i}\0"), literal)
-    return text
-
-
-Array = tuple[str, str, list[int], bytes]  # name, dtype (numpy's str), shape, bytes: what a header declares
-
-
-def arrays_of(batch: Mapping[str, np.ndarray]) -> list[Array]:
-    """The header entries and bytes of real arrays."""
-    return [(name, a.dtype.str, list(a.shape), np.ascontiguousarray(a).tobytes()) for name, a in batch.items()]
-
-
-def message(kind: str, sender: str, inc: str, seq: int, ver: int, arrays: list[Array],
-            meta: Mapping[str, Any]) -> list[bytes]:
-    """``[header, buffer...]`` built by hand: the header declares exactly ``arrays`` and holds ``meta``
-    whatever its numbers; nothing is checked."""
-    header = {"p": PROTOCOL_NAME, "v": PROTOCOL_VERSION, "kind": kind, "sender": sender, "inc": inc, "seq": seq,
-              "ver": ver, "arrays": [[name, dtype, shape] for name, dtype, shape, _ in arrays], "meta": dict(meta)}
-    return [dumps(header).encode(), *[data for *_, data in arrays]]
-
-
-def cartpole_batch(rng: np.random.Generator, n: int = N, priority: bool = True) -> dict[str, np.ndarray]:
-    """A CartPole-v1 batch that fits the run's batch spec, with sane values."""
-    batch: dict[str, np.ndarray] = {
-        "obs": rng.standard_normal((n, 4)).astype(np.float32), "action": rng.integers(0, 2, n, dtype=np.int64),
-        "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
-        "discount": np.full(n, 0.97, np.float32)}
-    if priority:
-        batch["priority"] = np.ones(n, np.float32)
-    return batch
-
-
-def batch_meta(env_steps: int, **extra: Any) -> dict[str, Any]:
-    """A batch's meta as an actor writes it (episodes, exploration, its counters), with ``extra`` on top."""
-    return {"episodes": {"returns": [], "lengths": []}, "explore": 0.1, "stats": {"env_steps": env_steps}, **extra}
-
-
-def number_metas() -> list[tuple[str, dict[str, Any]]]:
-    """meta_numbers' messages: (message kind, meta) with NaN, infinity and 10**400 where numbers are read."""
-    inf = Literal("1e400")  # parsed as float infinity
-    return [
-        (BATCH, batch_meta(0, stats={"env_steps": NAN})),
-        (BATCH, batch_meta(0, stats={"env_steps": inf})),
-        (BATCH, batch_meta(0, stats={"env_steps": 10**400, "env_steps_per_s": inf})),
-        (BATCH, batch_meta(0, explore=NAN)),
-        (BATCH, batch_meta(0, explore=inf)),
-        (BATCH, batch_meta(0, episodes={"returns": [1.0], "lengths": [NAN]})),
-        (BATCH, batch_meta(0, episodes={"returns": [NAN], "lengths": [inf]})),
-        (BATCH, batch_meta(0, episodes={"returns": [inf], "lengths": [10**400]})),
-        (STATS, {"role": "proxy", "forwarded": 10**400, "bytes_per_s": NAN, "rejected_total": inf}),
-        (EVAL, {"version": 0, "returns": [NAN] * 10, "lengths": [500] * 10}),
-        (EVAL, {"version": 0, "returns": [inf] * 10, "lengths": [10**400] * 10}),
-    ]
-
-
-def zero_shape_arrays(rng: np.random.Generator) -> list[Array]:
-    """A CartPole batch plus an array declared [0, 2**62]: zero bytes, an impossible shape."""
-    return [*arrays_of(cartpole_batch(rng)), ("pad", "<f4", [0, 2**62], b"")]
-
-
-def bad_value_batches(rng: np.random.Generator) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """bad_values' batches: (what is wrong, batch), each fitting the batch spec."""
-    out = []
-    for what, key, value in (("action 7", "action", 7), ("NaN reward", "reward", NAN), ("NaN obs", "obs", NAN),
-                             ("NaN priority", "priority", NAN), ("inf priority", "priority", np.inf)):
-        batch = cartpole_batch(rng)
-        batch[key][N // 2] = value
-        out.append((what, batch))
-    return out
-
-
-def forged_eval_frames(inc: str, seq: int, version: int) -> list[bytes | memoryview]:
-    """An evaluation report claiming CartPole's best return for ``version``, as the evaluator names itself."""
-    return encode_eval("evaluator", inc, seq, version, [CARTPOLE_MAX_RETURN] * 10, [500] * 10)
-
-
-def long_name(i: int) -> str:
-    """The ``i``-th distinct sender name of :data:`NAME_CHARS` characters."""
-    return f"hostile-{i:012d}-".ljust(NAME_CHARS, "x")
-
-
-def many_frames_message(frames: int, inc: str, seq: int) -> list[bytes]:
-    """One message of ``frames`` frames: a batch header, then two-byte frames."""
-    header = message(BATCH, "hostile-many_frames", inc, seq, 0, [], batch_meta(0))[0]
-    return [header, *[b"ab"] * (frames - 1)]
-
-
-def junk_bytes(rng: np.random.Generator, i: int) -> bytes:
-    """What junk_handshake sends: random bytes, a half ZMTP greeting with a wrong mechanism, or HTTP."""
-    variants = [rng.bytes(int(rng.integers(1, 512))),
-                b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"BOGUS".ljust(20, b"\0") + rng.bytes(64),
-                b"GET / HTTP/1.1\r\nHost: zmqrl\r\n\r\n"]
-    return variants[i % len(variants)]
 
 
 # --- the client ----------------------------------------------------------------------------------

@@ -18,12 +18,12 @@ from zmqrl.bench.harness import (
     Row,
     child_config,
     child_result,
-    cpu_seconds,
     free_addr,
     make_row,
     median,
     zmqrl_argv,
 )
+from zmqrl.bench.procfs import cpu_seconds
 from zmqrl.roles.net import options
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.wire import (

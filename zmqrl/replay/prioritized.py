@@ -230,3 +230,10 @@ class PrioritizedReplay(UniformReplay):
 
     def _commit_extra(self, extra: Mapping[str, Any]) -> None:
         self._tree.load_leaves(extra["leaves"])
+
+
+def priority_counts(replay: object) -> dict[str, int]:
+    """Priorities prioritized replay clamped or stored by their magnitude (absurdly large, negative)."""
+    if not isinstance(replay, PrioritizedReplay):
+        return {}
+    return {"clamped": replay.priorities_clamped, "negative": replay.priorities_negative}

@@ -1,5 +1,8 @@
 """Learner: owns replay and the agent; trains on what actors send and publishes versioned models.
 
+(Past 450 lines as the one class a learner is; its intake, per-peer accounting, evaluation admission and
+rate limiter each live in their own module, named below.)
+
 Recipe: build replay and bookkeeping (shared with ``zmqrl train``), bind the data PULL, the
 evaluation PULL and the model XPUB, then loop: every ``INGEST_INTERVAL_S`` take in what has
 arrived (:mod:`~zmqrl.roles.ingest`), optimise, update priorities, and every
@@ -20,19 +23,17 @@ the learner trains. Optimisation starts once the agent is built and replay holds
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 import zmq
 
 from zmqrl import __version__
 from zmqrl.config import Config
-from zmqrl.core import Agent, ReplayBuffer
-from zmqrl.replay.prioritized import PrioritizedReplay
+from zmqrl.core import Agent
+from zmqrl.replay.prioritized import priority_counts
 from zmqrl.roles.admission import EvalAdmission
 from zmqrl.roles.fit import task_signature
 from zmqrl.roles.ingest import Receiver, ReplayWriter
@@ -43,7 +44,7 @@ from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
 from zmqrl.roles.skeleton import RoleProcess, serve
 from zmqrl.run.acting import make_task
 from zmqrl.run.bookkeeping import replay_values
-from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
+from zmqrl.run.lifecycle import Background, Every, StopFlag, seed_everything
 from zmqrl.run.record import print_run_table
 from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE, RunDir, read_json, restart_counts, write_json_atomic
 from zmqrl.run.startup import open_run
@@ -64,30 +65,6 @@ log = logging.getLogger("zmqrl")
 
 INGEST_INTERVAL_S = 0.05  # while training, read and insert what arrived this often (bursts amortise costs)
 REGRANT_S = 0.05  # while the learner waits for data (max_samples_per_insert), it re-sends its model this often
-T = TypeVar("T")
-
-
-class Background(threading.Thread, Generic[T]):
-    """Runs one function in a daemon thread and keeps its result or the exception it raised."""
-
-    def __init__(self, fn: Callable[[], T], name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self.fn = fn
-        self.result: T | None = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # handed to the thread that asks for the result
-            self.error = exc
-
-    def get(self) -> T:
-        """The result once the thread has finished (call after ``join``); re-raises its exception."""
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
 
 
 class Learner(RoleProcess):
@@ -398,7 +375,7 @@ class Learner(RoleProcess):
                          "rejected_total": self.rejected_total(), "peers_refused": peers.pop("peers_refused"),
                          "refused_names": peers.pop("refused_names"),
                          "config_mismatches": peers.pop("config_mismatches")},
-            "priorities": replay_priority_counts(self.replay), "restarts": restart_counts(self.dir),
+            "priorities": priority_counts(self.replay), "restarts": restart_counts(self.dir),
             **peers, "auth": auth_counts(self.ctx),
         }
 
@@ -479,13 +456,6 @@ class Learner(RoleProcess):
         clean stop, lets its last message, the end of the run, leave)."""
         self.set_linger(self.pub, linger_ms)
         super().close()
-
-
-def replay_priority_counts(replay: ReplayBuffer) -> dict[str, int]:
-    """Priorities prioritized replay clamped or stored by their magnitude (absurdly large, negative)."""
-    if not isinstance(replay, PrioritizedReplay):
-        return {}
-    return {"clamped": replay.priorities_clamped, "negative": replay.priorities_negative}
 
 
 def run_learner(cfg: Config, run_dir: str | None, bind_data: str, bind_model: str, bind_eval: str,

@@ -1,4 +1,5 @@
-"""Process lifecycle shared by every role: seeding and graceful SIGINT/SIGTERM handling."""
+"""Process lifecycle shared by every role: seeding, graceful SIGINT/SIGTERM handling, periodic ticks
+(:class:`Every`) and work done in a background thread whose result or exception is kept (:class:`Background`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import logging
 import random
 import signal
 import sys
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger("zmqrl")
 
@@ -124,3 +127,29 @@ class Every:
             self._next = t + self.interval_s
             return True
         return False
+
+
+T = TypeVar("T")
+
+
+class Background(threading.Thread, Generic[T]):
+    """Runs one function in a daemon thread and keeps its result or the exception it raised."""
+
+    def __init__(self, fn: Callable[[], T], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fn = fn
+        self.result: T | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # handed to the thread that asks for the result
+            self.error = exc
+
+    def get(self) -> T:
+        """The result once the thread has finished (call after ``join``); re-raises its exception."""
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result

@@ -29,7 +29,6 @@ under it.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import os
 import socket
@@ -41,6 +40,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from .lookup import Lookup, host_port, is_ip, new_lookup
 from .tracking import RateLimitedLog
 
 log = logging.getLogger("zmqrl")
@@ -78,45 +78,6 @@ def watch_from_start(sock: zmq.Socket) -> None:
 def note_origin(address: str, origin: str) -> None:
     """Remember where a connect address came from (a flag, config keys), for the lines about its link."""
     _ORIGINS[address] = origin
-
-
-class _Lookup:
-    """One name lookup in a daemon thread: a slow resolver never holds the role up."""
-
-    def __init__(self, host: str, port: str) -> None:
-        self.error: str | None = None
-        self.done = False
-        self.started = time.monotonic()
-        family = socket.AF_INET6 if host.startswith("[") else socket.AF_INET  # as libzmq looks names up
-        threading.Thread(target=self._run, args=(host.strip("[]"), port, family), daemon=True,
-                         name=f"lookup {host}").start()
-
-    def _run(self, host: str, port: str, family: int) -> None:
-        try:
-            socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
-        except OSError as exc:
-            self.error = exc.strerror or str(exc)
-        self.done = True
-
-
-def _new_lookup(address: str) -> _Lookup | None:
-    """A lookup of ``address``'s host in the background; None for an IP address (nothing to look up)."""
-    host, port = _host_port(address)
-    return None if _is_ip(host) else _Lookup(host, port)
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-        return True
-    except ValueError:
-        return False
-
-
-def _host_port(address: str) -> tuple[str, str]:
-    """('host', 'port') of ``tcp://host:port`` (brackets kept around an IPv6 host)."""
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    return host, port
 
 
 class LinkMonitor:
@@ -164,10 +125,10 @@ class LinkMonitor:
         self._failures_before = 0  # connect_failures when the wait began
         self._report_at = self._waiting_since + GRACE_S
         self._reported = False  # a waiting line went out since the link was last up
-        self._lookup: _Lookup | None = None
+        self._lookup: Lookup | None = None
         if last in _ORIGINS:  # it connects to an address from a flag or config
             self._endpoint = last
-            self._lookup = _new_lookup(last)  # look its host up now, in the background
+            self._lookup = new_lookup(last)  # look its host up now, in the background
         _links().add(self)
 
     # --- in the link thread -----------------------------------------------------------------------
@@ -264,15 +225,15 @@ class LinkMonitor:
         else:
             self.connect_failures += 1
             # Without any TCP connect in the attempt, libzmq could not look the host up.
-            self._failure = "refused" if self._attempt or _is_ip(_host_port(self._endpoint)[0]) else "unresolved"
+            self._failure = "refused" if self._attempt or is_ip(host_port(self._endpoint)[0]) else "unresolved"
             if self._failure == "unresolved" and self._lookup is None:
-                self._lookup = _new_lookup(self._endpoint)
+                self._lookup = new_lookup(self._endpoint)
         self._attempt = 0
 
     def _report_waiting(self, now: float) -> None:
         """Say why the link is not up (when the attempts so far tell), and when it will say it again."""
         endpoint, origin, lookup = self._endpoint, _ORIGINS.get(self._endpoint), self._lookup
-        host = _host_port(endpoint)[0]
+        host = host_port(endpoint)[0]
         peer = self.address.replace(endpoint, "").replace("  ", " ").strip() if endpoint in self.address \
             else self.address
         whose = f" for the link {peer}" + (f" ({origin})" if origin else "")
@@ -294,7 +255,7 @@ class LinkMonitor:
             log.warning("%s: cannot resolve host %r%s for the link %s%s; still trying every %gs%s", self.name,
                         host, reason, self.address, f" ({origin})" if origin else "", self.retry_s, again)
             if lookup is not None and lookup.done:
-                self._lookup = _new_lookup(endpoint)  # a fresh answer for the next line (DNS may come up)
+                self._lookup = new_lookup(endpoint)  # a fresh answer for the next line (DNS may come up)
         elif lookup is not None and not lookup.done and now - lookup.started >= GRACE_S:
             log.warning("%s: still looking up host %r for the link %s%s (no answer from the resolver for "
                         "%.1fs)%s", self.name, host, self.address, f" ({origin})" if origin else "",

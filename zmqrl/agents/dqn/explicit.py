@@ -11,7 +11,7 @@ For CartPole's [256, 256] network at batch 64 one autograd update spends more ti
 - the gradients live in one flat buffer that every parameter's ``.grad`` views, so clipping by
   the global norm is one norm and one multiply, and the optimiser steps as before.
 
-``tests/test_dqn_explicit.py`` checks loss, priorities, gradients and the parameters after many
+``tests/agents/test_dqn_explicit.py`` checks loss, priorities, gradients and the parameters after many
 updates against the autograd update (:meth:`DQNAgent.update_autograd`).
 """
 
