@@ -136,10 +136,21 @@ class ReplayBuffer(Protocol):
 
 
 class Recorder(Protocol):
-    """Where scalars go: TensorBoard, console, or both."""
+    """Where a run's records go (TensorBoard today): scalars at their step, histograms, the resolved
+    config with the final metrics, and text."""
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        """Record tagged scalars (``family/name``) at ``step``."""
+        """Record tagged scalars (``family/name``) at ``step``; non-finite values are left out."""
         ...
+
+    def histogram(self, step: int, tag: str, values: np.ndarray) -> None: ...
+
+    def hparams(self, flat_config: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
+        """The resolved config (flat ``section.key`` names) and the run's final metrics."""
+        ...
+
+    def text(self, tag: str, text: str) -> None: ...
+
+    def flush(self) -> None: ...
 
     def close(self) -> None: ...

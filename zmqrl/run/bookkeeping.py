@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zmqrl.config import Config, to_flat_dict
-from zmqrl.core import Agent, ReplayBuffer
+from zmqrl.core import Agent, Recorder, ReplayBuffer
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.run import checkpoint
 from zmqrl.run.record import Progress, TensorBoardRecorder
@@ -106,7 +106,7 @@ class Bookkeeper:
         self.agent = agent
         self.extra_state = extra_state or (lambda: {})
         self.extra_files = extra_files or (lambda: {})  # taken on the training thread at every save
-        self._recorder: TensorBoardRecorder | None = None
+        self._recorder: Recorder | None = None
         self._recorder_lock = threading.Lock()
         self.progress = Progress(self.tc.max_opts)
         self.env_steps = 0
@@ -133,11 +133,11 @@ class Bookkeeper:
 
     # --- records (TensorBoard) ----------------------------------------------------------------
     @property
-    def recorder(self) -> TensorBoardRecorder:
+    def recorder(self) -> Recorder:
         """The TensorBoard writer (imports torch's SummaryWriter on first use)."""
         return self._recorder or self.open_recorder()
 
-    def open_recorder(self) -> TensorBoardRecorder:
+    def open_recorder(self) -> Recorder:
         """Open the TensorBoard writer now (safe from any thread) and write the config text once."""
         with self._recorder_lock:
             if self._recorder is None:
