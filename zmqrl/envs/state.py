@@ -5,7 +5,8 @@
 freshly made one. gymnasium has no state API and pickling an env rebuilds it from its constructor
 arguments, so each sub-env's wrapper chain is walked instead: attributes that are plain data,
 every ``numpy.random.Generator`` (its bit generator's state), the RNGs of spaces, enum members,
-and MuJoCo's integration state. Constructor arguments, specs, renderers and callables are
+MuJoCo's integration state and the Atari emulator's (ale-py's ``cloneState`` with its RNG, so sticky
+actions replay too). Constructor arguments, specs, renderers and callables are
 configuration, not state. Anything else cannot be captured; it is named in the capture's
 ``missed`` list, and a resume from that capture is not exact.
 """
@@ -67,7 +68,8 @@ def _copy_plain(value: Any) -> Any:
 # sub-envs (walked on their own), constructor arguments, specs, renderers.
 NOT_STATE = frozenset({"env", "envs", "env_fns", "_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs", "spec",
                        "_cached_spec", "metadata", "_metadata", "mujoco_renderer", "viewer", "renderer", "screen",
-                       "clock"})
+                       "clock",
+                       "_action_set"})  # (ale-py's actions of the game and mode: configuration)
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")  # those a saved RNG may name
 
 
@@ -103,7 +105,13 @@ def _kind(value: Any) -> str | None:
         return "enum"
     if _is_mjdata(value):
         return "mujoco"
+    if _is_ale(value):
+        return "ale"
     return "value" if is_plain(value) else ""
+
+
+def _is_ale(value: Any) -> bool:
+    return type(value).__module__.startswith("ale_py") and type(value).__name__ == "ALEInterface"
 
 
 def _mujoco_spec() -> Any:
@@ -117,6 +125,8 @@ def _capture(obj: Any, kind: str, value: Any) -> Any:
         return [plain_copy(s.np_random.bit_generator.state) for s in _space_rngs(value)]
     if kind == "enum":
         return value.name
+    if kind == "ale":  # the emulator (RAM, CPU, TIA, frame counters) and its RNG, as ale-py serialises it
+        return np.frombuffer(value.cloneState(include_rng=True).serialize(), dtype=np.uint8).copy()
     if kind == "mujoco":
         # The integration state (time, qpos, qvel, act, warm start, controls, ...: all mj_step reads)
         # and every array of MjData: quantities an env reads between steps, such as body
@@ -201,7 +211,7 @@ def plan_restore(obj: Any, saved: Any, where: str = "") -> list[Callable[[], Non
 
 def _restore_step(obj: Any, name: str, kind: str, value: Any, where: str) -> Callable[[], None]:
     cur = getattr(obj, name)
-    if kind in ("space", "enum", "mujoco") and _kind(cur) != kind:
+    if kind in ("space", "enum", "mujoco", "ale") and _kind(cur) != kind:
         raise ValueError(f"{where}: saved as {kind}, this env has {type(cur).__name__}")
     if kind == "rng":
         if not isinstance(value, dict):
@@ -226,6 +236,15 @@ def _restore_step(obj: Any, name: str, kind: str, value: Any, where: str) -> Cal
         if value not in type(cur).__members__:
             raise ValueError(f"{where}: {value!r} is not a member of {type(cur).__name__}")
         return lambda: setattr(obj, name, type(cur)[value])
+    if kind == "ale":
+        if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != 1:
+            raise ValueError(f"{where}: expected the emulator state as uint8 bytes, got "
+                             f"{getattr(value, 'dtype', type(value).__name__)}")
+        try:
+            emulator = type(cur.cloneState())(value.tobytes())
+        except Exception as exc:  # ale-py's own error for bytes it cannot read
+            raise ValueError(f"{where}: ale-py cannot read the saved emulator state: {exc}") from None
+        return lambda: cur.restoreState(emulator)
     if kind == "mujoco":
         mujoco, model = sys.modules["mujoco"], obj.model
         size = mujoco.mj_stateSize(model, _mujoco_spec())
