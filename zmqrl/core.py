@@ -10,6 +10,7 @@ Optional keys: ``priority`` (initial priorities), and, on sampled batches, ``ind
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -136,8 +137,8 @@ class ReplayBuffer(Protocol):
 
 
 class Recorder(Protocol):
-    """Where a run's records go (TensorBoard today): scalars at their step, histograms, the resolved
-    config with the final metrics, and text."""
+    """Where a run's records go (``run.trackers``: TensorBoard, MLflow, W&B): scalars at their step,
+    histograms, text, the resolved config with the final metrics, and the run directory's files."""
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         """Record tagged scalars (``family/name``) at ``step``; non-finite values are left out."""
@@ -151,6 +152,12 @@ class Recorder(Protocol):
 
     def text(self, tag: str, text: str) -> None: ...
 
+    def artifacts(self, run_dir: Path) -> None:
+        """At the end: the run directory's small files (config.yaml, summary.json, checkpoints/best)."""
+        ...
+
     def flush(self) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, failed: bool = False) -> None:
+        """Send what is held and close; ``failed`` marks a run that ended in an error."""
+        ...

@@ -233,7 +233,7 @@ def test_solve_rows_judge_the_median_and_the_slowest_seed() -> None:
 
 def test_solve_notes_give_each_runs_largest_mean_q(tmp_path: Path) -> None:
     """A diverged seed shows in the note: the largest train/q_mean of a real TensorBoard file."""
-    from zmqrl.run.record import TensorBoardRecorder
+    from zmqrl.run.trackers.tensorboard import TensorBoardRecorder
 
     run_dir = tmp_path / "run"
     recorder = TensorBoardRecorder(run_dir / "tb")

@@ -223,6 +223,36 @@ def test_greedy_evaluator_is_deterministic_per_seed_and_call() -> None:
         e.close()
 
 
+def test_greedy_evaluator_with_fixed_seeds_plays_the_same_games_every_time() -> None:
+    cfg = EnvConfig(id="CartPole-v1")
+    fixed = GreedyEvaluator(cfg, 3, seed=11, seeds=[5, 6, 7])
+    first, second = fixed.run(angle_policy), fixed.run(angle_policy)
+    assert first == second and first[0] == [single_episode_return(cfg, s) for s in (5, 6, 7)]
+    fresh = GreedyEvaluator(cfg, 3, seed=11)
+    assert fresh.run(angle_policy) != fresh.run(angle_policy)  # the positive control: fresh seeds differ
+    with pytest.raises(ValueError, match="2 seeds for 3 episodes"):
+        GreedyEvaluator(cfg, 3, seed=0, seeds=[1, 2])
+    for e in (fixed, fresh):
+        e.close()
+
+
+def test_greedy_evaluator_epsilon_takes_random_actions_reproducibly() -> None:
+    cfg = EnvConfig(id="CartPole-v1")
+    calls: list[np.ndarray] = []
+
+    def recording(obs: np.ndarray) -> np.ndarray:
+        actions = angle_policy(obs)
+        calls.append(actions)
+        return actions
+
+    greedy = GreedyEvaluator(cfg, 4, seed=3, seeds=[1, 2, 3, 4]).run(angle_policy)
+    noisy = GreedyEvaluator(cfg, 4, seed=3, seeds=[1, 2, 3, 4], epsilon=0.5)
+    first = noisy.run(recording)
+    assert first != greedy  # half the actions random: other games than the greedy ones
+    assert noisy.run(angle_policy) == first  # the random actions replay with the seeds
+    assert GreedyEvaluator(cfg, 4, seed=3, seeds=[1, 2, 3, 4], epsilon=0.0).run(angle_policy) == greedy
+
+
 def test_greedy_evaluator_respects_time_limit() -> None:
     evaluator = GreedyEvaluator(EnvConfig(id="CartPole-v1", max_episode_steps=8), episodes=2, seed=0)
     returns, lengths = evaluator.run(lambda obs: (obs[:, 2] + obs[:, 3] > 0).astype(np.int64))

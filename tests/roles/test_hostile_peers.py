@@ -205,7 +205,8 @@ def test_bad_numbers_shapes_and_values_are_refused_and_the_learner_trains_on_wha
 
 def signed_report(token: bytes, seq: int, version: int, learner_inc: str, returns: list[float],
                   lengths: list[int], inc: str = "ev-1") -> list[Any]:
-    meta = eval_meta(version, returns, lengths, {"model_inc": learner_inc, "opt_steps": 0})
+    made_at = {"opt_steps": 0, "env_steps": 0, "wall_s": 0.0}  # the model of version 0, at the start
+    meta = eval_meta(version, returns, lengths, {"model_inc": learner_inc, **made_at})
     meta[MAC_KEY] = report_mac(token, "evaluator", inc, seq, meta)
     return encode(EVAL, sender="evaluator", incarnation=inc, seq=seq, version=version, meta=meta)
 

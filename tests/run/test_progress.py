@@ -37,7 +37,7 @@ def end_table_rows(text: str) -> dict[str, str]:
     rows = {}
     for line in text.splitlines():
         for name in ("stop reason", "wall time", "env steps", "opt steps", "best eval return", "last eval return",
-                     "run directory"):
+                     "run directory", "inserted", "replay samples", "time spent"):
             if line.startswith(name):
                 rows[name] = line[len(name):].strip()
     return rows
@@ -143,7 +143,9 @@ def test_format_duration() -> None:
 
 def test_run_table_of_a_learner_has_the_distributed_rows() -> None:
     summary = {"stop_reason": "reached max_opts=100", "wall_s": 12.5, "env_steps": 5000, "env_steps_per_s": 400.0,
-               "opt_steps": 100, "opt_steps_per_s": 8.0, "samples_per_s": 512.0, "samples_per_insert": 1.28,
+               "opt_steps": 100, "opt_steps_per_s": 8.0, "replay_samples_per_s": 512.0, "samples_per_insert": 1.28,
+               "transitions_inserted": 5000, "transitions_inserted_per_s": 400.0,
+               "compute_cost": {"sample": 0.1, "update": 0.55, "ingest": 0.2, "publish": 0.01, "other": 0.14},
                "model_version": 2, "best_eval_return": 20.0, "last_eval_return": 15.0,
                "evals": [{"opt_steps": 50, "env_steps": 2000, "wall_s": 6.0, "return_mean": 20.0,
                           "return_std": 1.0, "episodes": 10},
@@ -161,6 +163,9 @@ def test_run_table_of_a_learner_has_the_distributed_rows() -> None:
     assert rows["run directory"] == "runs/x"
     assert "policy lag        mean 1.5, p90 3, max 4 model versions (50 updates each)" in table
     assert "batches           received 80, lost 0, rejected 1" in table
+    assert rows["inserted"] == "5000 transitions (400/s)"
+    assert rows["replay samples"] == "512/s (1.28 per transition inserted)"
+    assert rows["time spent"] == "update 55%, ingest 20%, sample 10%, publish 1%, other 14%"
     assert table.splitlines()[-1].split() == ["actor-0", "2500", "200", "40", "0", "1.5", "0.2"]
 
 

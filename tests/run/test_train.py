@@ -83,6 +83,10 @@ def test_run_dir_summary(short_run: tuple[Config, Config, Path, dict[str, Any]])
     assert summary["last_eval_return"] == summary["evals"][-1]["return_mean"]
     assert summary["wall_s"] > 0 and summary["opt_steps_per_s"] > 0
     assert 200 <= summary["replay_size"] <= summary["env_steps"]
+    assert summary["replay_samples_per_s"] == pytest.approx(300 * 64 / summary["wall_s"], rel=1e-3)
+    cost = summary["compute_cost"]
+    assert set(cost) == {"act", "insert", "sample", "update", "priorities", "evaluate", "other"}, cost
+    assert 0.99 <= sum(cost.values()) <= 1.01 and cost["update"] > 0 and cost["act"] > 0, cost
 
 
 def test_run_dir_checkpoints(short_run: tuple[Config, Config, Path, dict[str, Any]]) -> None:
@@ -94,9 +98,15 @@ def test_run_dir_checkpoints(short_run: tuple[Config, Config, Path, dict[str, An
         assert state["opt_steps"] == opt_steps, name
         assert agent_state["opt_steps"] == opt_steps, name
         assert {"q", "target", "optimizer", "rng"} <= set(agent_state)
-    _, best = checkpoint.load(ckpts / "best")
-    assert best["eval_return"] == summary["best_eval_return"]
+    params, best = checkpoint.load_policy_params(ckpts / "best")  # best is the policy alone, as in zmqrl local
+    assert sorted(p.name for p in (ckpts / "best").iterdir()) == ["policy.npz", "state.json"]
+    assert best["eval_return"] == summary["best_eval_return"] and best["training_state"] is False
     assert best["opt_steps"] in (100, 200, 300)
+    at_best = next(e for e in summary["evals"] if e["return_mean"] == summary["best_eval_return"])
+    assert best["opt_steps"] == at_best["opt_steps"]
+    trained, _ = checkpoint.load(ckpts / str(best["opt_steps"]))
+    assert params.keys() == trained[checkpoint.POLICY_KEY].keys()
+    assert all((params[k] == trained[checkpoint.POLICY_KEY][k].numpy()).all() for k in params)
     _, latest = checkpoint.load(ckpts / "latest")
     assert latest["env_steps"] == summary["env_steps"]
     assert len(latest["evals"]) == 3
@@ -195,7 +205,7 @@ def test_cartpole_learns(tmp_path: Path) -> None:
     assert summary["stop_reason"].startswith("evaluation reached stop_return")
     best = run_dir / "checkpoints" / "best"
     assert best.is_dir()
-    _, state = checkpoint.load(best)
+    _, state = checkpoint.load_policy_params(best)
     assert state["eval_return"] == summary["best_eval_return"]
 
 

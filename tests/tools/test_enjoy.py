@@ -72,14 +72,14 @@ def test_same_episodes_with_numpy_and_torch(run: Path) -> None:
 
 def test_corrupt_agent_pt_exits_2_naming_it(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = copy_run(run, tmp_path / "run")
-    agent = bad / "checkpoints" / "best" / "agent.pt"
+    agent = bad / "checkpoints" / "latest" / "agent.pt"
     agent.write_bytes(agent.read_bytes()[:200])
-    assert cli.main(["enjoy", str(bad), "--episodes", "1"]) == 2
+    assert cli.main(["enjoy", str(bad), "--checkpoint", "latest", "--episodes", "1"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert str(agent) in err and "unreadable checkpoint" in err
     with pytest.raises(CheckpointError, match=re.escape(str(agent))):
-        load_policy(bad, "best")
+        load_policy(bad, "latest")
 
 
 def test_missing_checkpoint_exits_2_listing_what_the_run_has(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -105,7 +105,7 @@ def test_checkpoint_that_does_not_fit_the_config_exits_2(run: Path, tmp_path: Pa
     (bad / "config.yaml").write_text(yaml.safe_dump(data))
     assert cli.main(["enjoy", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert str(bad / "checkpoints" / "best" / "agent.pt") in err and "do not fit" in err
+    assert str(bad / "checkpoints" / "best" / "policy.npz") in err and "do not fit" in err
 
 
 def test_not_a_run_directory_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

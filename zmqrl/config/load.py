@@ -153,6 +153,16 @@ def _check_ranges(cfg: Config, source: str) -> None:
     if cfg.agent.batch_size > cfg.replay.capacity:
         raise ConfigError(f"{source}: agent.batch_size ({cfg.agent.batch_size}) exceeds "
                           f"replay.capacity ({cfg.replay.capacity})")
+    known = ("tensorboard", "mlflow", "wandb")
+    for name in cfg.run.trackers:
+        if name not in known:
+            raise ConfigError(f"{source}: run.trackers: unknown tracker {name!r}; choose from {', '.join(known)}")
+    if len(set(cfg.run.trackers)) != len(cfg.run.trackers):
+        raise ConfigError(f"{source}: run.trackers lists a tracker twice: {cfg.run.trackers}")
+    seeds = cfg.trainer.eval_seeds
+    if seeds and len(seeds) != cfg.trainer.eval_episodes:
+        raise ConfigError(f"{source}: trainer.eval_seeds lists {len(seeds)} seeds; it needs one per evaluation episode "
+                          f"(trainer.eval_episodes={cfg.trainer.eval_episodes}), or [] for fresh seeds every time")
     if cfg.trainer.warmup < cfg.agent.batch_size:
         raise ConfigError(f"{source}: trainer.warmup ({cfg.trainer.warmup}) must be at least "
                           f"agent.batch_size ({cfg.agent.batch_size})")

@@ -26,6 +26,13 @@ class RunConfig:
     torch_threads: int = 1  # CPU threads of the learner's torch (and `zmqrl train`'s); 1 leaves other cores to actors
     run_dir: str = ""  # run directory; empty means runs/<name>-<timestamp>
     log_level: str = "info"  # debug, info, warning, error
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # any of tensorboard, mlflow, wandb
+    mlflow_uri: str = ""  # MLflow tracking server; empty: $MLFLOW_TRACKING_URI
+    mlflow_experiment: str = ""  # MLflow experiment; empty: run.name
+    wandb_project: str = "zmqrl"  # W&B project
+    wandb_entity: str = ""  # W&B team or user; empty: $WANDB_ENTITY or the account's default
+    wandb_mode: str = "offline"  # offline (files in RUN_DIR/wandb; `wandb sync` uploads), online, disabled
+    artifact_max_mb: float = 100.0  # MLflow and W&B: run-directory files larger than this are not sent
 
 
 @dataclass
@@ -94,7 +101,9 @@ class TrainerConfig:
     stop_return: float | None = None  # stop as soon as an evaluation mean reaches this
     eval_interval: int = 1000  # optimisation steps between evaluations
     eval_episodes: int = 10  # greedy episodes per evaluation
-    record_interval: int = 100  # optimisation steps between TensorBoard records
+    eval_seeds: list[int] = field(default_factory=list)  # [] = fresh each evaluation; else one per episode, each time
+    eval_epsilon: float = 0.0  # chance of a random action when evaluating (Atari: 0.001, so no game stalls)
+    record_interval: int = 100  # optimisation steps between records (train/, perf/, cost/)
     save_interval: int = 10_000  # optimisation steps between numbered checkpoints; 0 disables
     latest_interval_s: float = 60.0  # seconds between refreshes of checkpoints/latest; 0 = only at save_interval
     checkpoint_replay: bool = False  # also save replay contents (copied in memory, written off the training loop)
@@ -163,18 +172,20 @@ class Config:
 
 CHOICE_KEYS: dict[str, tuple[str, ...]] = {
     "run.log_level": ("debug", "info", "warning", "error"),
+    "run.wandb_mode": ("offline", "online", "disabled"),
     "actor.backend": ("auto", "numpy", "torch"),
     "net.security": ("none", "curve"),
 }
 POSITIVE_KEYS = {
-    "run.torch_threads", "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.batch_size",
+    "run.torch_threads", "run.artifact_max_mb",
+    "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.batch_size",
     "replay.capacity", "replay.beta_steps",
     "trainer.opt_interval", "trainer.max_opts", "trainer.eval_interval", "trainer.eval_episodes",
     "trainer.record_interval", "trainer.sync_interval", "actor.n_buffer", "actor.num_actors",
     "actor.send_hwm", "net.max_message_mb", "net.heartbeat_ms", "net.heartbeat_timeout_ms",
     "net.republish_s", "net.stats_interval_s", "net.data_keepalive_s", "net.max_peers", "net.proxy_merge",
 }
-UNIT_INTERVAL_KEYS = {"agent.gamma", "replay.alpha", "replay.beta0", "actor.eps"}
+UNIT_INTERVAL_KEYS = {"agent.gamma", "replay.alpha", "replay.beta0", "actor.eps", "trainer.eval_epsilon"}
 NON_NEGATIVE_KEYS = {"trainer.warmup", "trainer.save_interval", "trainer.max_seconds", "trainer.max_samples_per_insert",
                  "trainer.min_samples_per_insert", "actor.nice", "trainer.latest_interval_s", "actor.eps_alpha",
                  "actor.eps_decay_steps",

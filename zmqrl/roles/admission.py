@@ -7,7 +7,9 @@ forged message must not be able to do any of it. The learner counts a report onl
   keep in ``RUN_DIR/eval.token`` (mode 0600, made once per run directory) or take from
   ``ZMQRL_EVAL_TOKEN``, which an evaluator on another machine needs set to the same value;
 * it evaluates a model this learner published: its learner incarnation, a version no newer than
-  the current one and newer than the last one counted (each version at most once);
+  the current one and newer than the last one counted (each version at most once), made at an
+  optimisation step, env step and wall time (which the model carried and the report repeats, so the
+  learner records the evaluation there) no later than where the learner is now;
 * its episodes are plausible: ``trainer.eval_episodes`` of them, finite returns, lengths from 1 to
   the env's time limit.
 
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from zmqrl.config import Config, ConfigError
+from zmqrl.run.bookkeeping import ModelPoint
 
 TOKEN_FILE = "eval.token"
 TOKEN_ENV = "ZMQRL_EVAL_TOKEN"
@@ -96,7 +99,7 @@ class EvalAdmission:
         self.last_version = -1  # the newest version an admitted report evaluated
 
     def problem(self, sender: str, incarnation: str, seq: int, version: int, meta: Mapping[str, Any],
-                learner_incarnation: str, published: int) -> tuple[str, str] | None:
+                learner_incarnation: str, published: int, now: ModelPoint) -> tuple[str, str] | None:
         """``(reason, why)`` when the report must not count; None when it does (and is now taken)."""
         mac = meta.get(MAC_KEY)
         if not isinstance(mac, str) or not hmac.compare_digest(
@@ -107,6 +110,10 @@ class EvalAdmission:
             return "eval_version", (f"it evaluates model version {version} of learner "
                                     f"{str(meta.get('model_inc'))[:16]!r}, not a version this learner published "
                                     f"after {self.last_version} (now at {published})")
+        if reported_point(meta, now) is None:
+            return "eval_version", (f"it does not say where the run was when its model was made (opt_steps, "
+                                    f"env_steps and wall_s, at most {now.opt_steps}, {now.env_steps} and "
+                                    f"{now.wall_s:.0f})")
         returns, lengths = meta.get("returns"), meta.get("lengths")
         if not (type(returns) is list and type(lengths) is list and len(returns) == len(lengths) == self.episodes):
             return "eval_episodes", f"it does not hold trainer.eval_episodes={self.episodes} returns and lengths"
@@ -118,3 +125,16 @@ class EvalAdmission:
                 return "eval_episodes", f"an episode length of {str(n)[:40]} is outside 1..{self.max_length}"
         self.last_version = version
         return None
+
+
+def reported_point(meta: Mapping[str, Any], now: ModelPoint) -> ModelPoint | None:
+    """The point a report says its model was made at (``opt_steps``, ``env_steps``, ``wall_s``), when
+    each is a number from 0 to where the run is ``now``; None otherwise."""
+    opt: Any = meta.get("opt_steps")
+    env: Any = meta.get("env_steps")
+    wall: Any = meta.get("wall_s")
+    if type(opt) is not int or type(env) is not int or type(wall) not in (int, float):
+        return None
+    if not (0 <= opt <= now.opt_steps and 0 <= env <= now.env_steps and 0 <= wall <= now.wall_s + 1.0):
+        return None  # (+1 s: the model's wall time is rounded finer than the learner's clock here)
+    return ModelPoint(opt, env, float(wall))

@@ -17,7 +17,7 @@ import numpy as np
 import zmq
 
 from zmqrl.config import Config
-from zmqrl.envs.evaluator import GreedyEvaluator
+from zmqrl.envs.evaluator import evaluator_for
 from zmqrl.roles.admission import MAC_KEY, TOKEN_ENV, TOKEN_FILE, eval_token, report_mac
 from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
 from zmqrl.roles.net import limits, options
@@ -50,7 +50,7 @@ class Evaluator(RoleProcess):
         task = make_task(cfg)
         self.signature = task_signature(task)
         self.policy = task.policy(seed, backend=cfg.actor.backend)
-        self.episodes = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed)
+        self.episodes = evaluator_for(cfg, seed)
         self.model_addr, self.report_addr = model_addr, report_addr
         self.model_limits = limits(cfg.net, MODEL)
         self.sub = self.socket(zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)), connect=model_addr,
@@ -106,9 +106,12 @@ class Evaluator(RoleProcess):
         return True
 
     def _report(self, msg: Message, opt_steps: int, returns: list[float], lengths: list[int]) -> list[Any]:
-        """The EVAL message for ``msg``'s model: which learner line and step it came from, signed with the
+        """The EVAL message for ``msg``'s model: which learner line it came from and where that run was when
+        it was made (the model's own ``opt_steps``, ``env_steps`` and ``wall_s``), signed with the
         run's evaluation token (:mod:`~zmqrl.roles.admission`) so the learner knows it is this evaluator's."""
-        meta = eval_meta(msg.version, returns, lengths, {"model_inc": msg.incarnation, "opt_steps": opt_steps})
+        made_at: dict[str, Any] = {key: msg.meta[key] for key in ("env_steps", "wall_s") if key in msg.meta}
+        meta = eval_meta(msg.version, returns, lengths,
+                         {"model_inc": msg.incarnation, "opt_steps": opt_steps, **made_at})
         if self.token is None:
             self.token = eval_token(self.run_dir)
         if self.token is not None:

@@ -134,11 +134,15 @@ class Receiver:
         self.rejected: collections.Counter[str] = collections.Counter()
         self.bytes = 0
         self.bundles = 0  # proxies' bundles taken apart (their batches are counted as batches)
+        self.waited_s = 0.0  # how long the last receive waited for a first message
         self.ratelog = RateLimitedLog(log, interval=10.0)
 
     def receive(self, timeout: float = 0.0, max_messages: int = 256) -> list[Message]:
-        """Valid messages that have arrived (at most ``max_messages`` read), waiting up to ``timeout`` s."""
+        """Valid messages that have arrived (at most ``max_messages`` read), waiting up to ``timeout`` s
+        (the time spent waiting is left in :attr:`waited_s`)."""
+        started = time.perf_counter()
         ready = dict(self.poller.poll(int(timeout * 1000)))
+        self.waited_s = time.perf_counter() - started if timeout > 0 else 0.0
         messages: list[Message] = []
         if self.evals in ready:
             messages += self._read(self.eval_reader, self.eval_limits, "eval", max_messages)

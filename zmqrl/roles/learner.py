@@ -34,7 +34,7 @@ from zmqrl import __version__
 from zmqrl.config import Config
 from zmqrl.core import Agent
 from zmqrl.replay.prioritized import priority_counts
-from zmqrl.roles.admission import EvalAdmission
+from zmqrl.roles.admission import EvalAdmission, reported_point
 from zmqrl.roles.fit import task_signature
 from zmqrl.roles.ingest import Receiver, ReplayWriter
 from zmqrl.roles.net import auth_counts, limits, options
@@ -43,7 +43,7 @@ from zmqrl.roles.proxy import PROXY_QUEUE
 from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
 from zmqrl.roles.skeleton import RoleProcess, serve
 from zmqrl.run.acting import make_task
-from zmqrl.run.bookkeeping import replay_values
+from zmqrl.run.bookkeeping import Rate, replay_values
 from zmqrl.run.lifecycle import Background, Every, StopFlag, seed_everything
 from zmqrl.run.record import print_run_table
 from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE, RunDir, read_json, restart_counts, write_json_atomic
@@ -78,6 +78,7 @@ class Learner(RoleProcess):
         self.task = make_task(cfg)
         self.spec = self.task.batch_spec()
         self.limiter = SamplesPerInsert(cfg.trainer, cfg.agent.batch_size)
+        self._insert_rate = Rate()
         self._initial = None if resume else self.task.initial_params()
         self._agent: Agent | None = None
         self._builder: Background[Agent] = Background(self._build_agent, name="agent-builder")
@@ -206,6 +207,13 @@ class Learner(RoleProcess):
         model it receives (:meth:`SamplesPerInsert.allowance`), so a slow iteration of this loop
         cannot let actors run on unbounded before its pause goes out.
         """
+        started = time.perf_counter()
+        try:
+            self._publish(new_version, refresh, done)
+        finally:
+            self.book.cost.add("publish", time.perf_counter() - started)
+
+    def _publish(self, new_version: bool, refresh: bool, done: str) -> None:
         if new_version or refresh or done or self._last_params is None:
             params = self._initial if self._agent is None and self._initial is not None else self.agent.params()
             bad = nonfinite_params(params)
@@ -219,7 +227,8 @@ class Learner(RoleProcess):
                 params = decode(self._last_params).arrays  # the last good model, with today's control fields
             if new_version and not bad:
                 self.book.version += 1
-            meta: dict[str, Any] = {"opt_steps": self.book.opt_steps, "pause": self.limiter.paused,
+            meta: dict[str, Any] = {"opt_steps": self.book.opt_steps, "env_steps": self.book.env_steps,
+                                    "wall_s": round(self.book.wall_s, 3), "pause": self.limiter.paused,
                                     "task": self.signature, "zmqrl": __version__}
             allowance = self.limiter.allowance()
             if self._agent is None and self.limiter.min_ratio > 0:
@@ -252,8 +261,14 @@ class Learner(RoleProcess):
 
     # --- data in ------------------------------------------------------------------------------
     def ingest(self, timeout: float = 0.0, max_messages: int = 256) -> int:
-        """Move what has arrived (up to ``max_messages`` messages) into replay; returns transitions inserted."""
-        return self._dispatch(self.receiver.receive(timeout, max_messages))
+        """Move what has arrived (up to ``max_messages`` messages) into replay; returns transitions inserted.
+        Its time counts as ``ingest`` less what it spent waiting (``timeout``) for a first message."""
+        started = time.perf_counter()
+        received = self.receiver.receive(timeout, max_messages)
+        waited = self.receiver.waited_s
+        inserted = self._dispatch(received)
+        self.book.cost.add("ingest", max(0.0, time.perf_counter() - started - waited))
+        return inserted
 
     def _dispatch(self, messages: list[Message]) -> int:
         """Handle received messages: batches (in sequence) go into replay together."""
@@ -325,14 +340,16 @@ class Learner(RoleProcess):
     def _evaluation(self, msg: Message) -> None:
         """Take an evaluation report if it is the admitted evaluator's, for a model this learner published
         (:mod:`~zmqrl.roles.admission`); refuse and count it otherwise."""
+        now = self.book.point()
         refused = self.admission.problem(msg.sender, msg.incarnation, msg.seq, msg.version, msg.meta,
-                                         self.incarnation, self.book.version)
+                                         self.incarnation, self.book.version, now)
         if refused is not None:
             reason, why = refused
             self.receiver.refuse(reason, "eval", msg.sender, f"evaluation report not counted: {why}")
             return
         returns, lengths = episodes({"episodes": msg.meta})
-        self.book.evaluation(returns, lengths, version=msg.version, save_best=False)
+        self.book.evaluation(returns, lengths, version=msg.version, save_best=False,
+                             at=reported_point(msg.meta, now))
 
     # --- stats --------------------------------------------------------------------------------
     @property
@@ -345,6 +362,7 @@ class Learner(RoleProcess):
 
     def perf(self) -> dict[str, float]:
         values = {**replay_values(self.replay), "perf/samples_per_insert": self.samples_per_insert(),
+                  "perf/transitions_inserted_per_s": self._insert_rate.read(self.limiter.inserted),
                   "perf/bytes_received": float(self.receiver.bytes),
                   "perf/rejected": float(self.rejected_total()), "perf/model_version": float(self.book.version)}
         values.update(self.peers.perf())
@@ -360,7 +378,9 @@ class Learner(RoleProcess):
         peers = self.peers.summary()
         return {
             "role": "learner", "endpoints": self.endpoints, "replay_size": len(self.replay),
-            "transitions_inserted": self.limiter.inserted, "samples_per_insert": self.samples_per_insert(),
+            "transitions_inserted": self.limiter.inserted,
+            "transitions_inserted_per_s": self.limiter.inserted / max(self.book.wall_s, 1e-9),
+            "samples_per_insert": self.samples_per_insert(),
             "bytes_received": self.receiver.bytes, "models_published": self.published,
             "models_withheld": self.models_withheld, "updates_skipped": self.updates_skipped,
             "rate_limiter_pauses": self.limiter.pauses, "first_batch_s": self.first_batch_s,
@@ -388,6 +408,7 @@ class Learner(RoleProcess):
         try:
             return self._loop(stop)
         except BaseException:
+            self.book.close_recorder(failed=True)
             self.close()
             raise
         finally:
@@ -402,6 +423,7 @@ class Learner(RoleProcess):
         republish, summarise = Every(cfg.net.republish_s), Every(max(cfg.net.stats_interval_s, 0.5))
         waiting_log, ingest_due = Every(10.0), Every(INGEST_INTERVAL_S)
         regrant = Every(REGRANT_S)
+        cost = self.book.cost
         while not stop.set and not self.book.should_stop():
             if self._new_subscribers() or republish():
                 self.publish(new_version=False)
@@ -425,12 +447,18 @@ class Learner(RoleProcess):
                 if self.limiter.allowance() is not None and regrant():
                     self.publish(new_version=False, refresh=True)  # a new grant: actors held at their allowance go on
                 continue
+            t0 = time.perf_counter()
             batch = self.replay.sample(batch_size)
+            t1 = time.perf_counter()
             metrics, priorities = self.agent.update(batch)
+            t2 = time.perf_counter()
             if metrics.get("skipped"):
                 self._skipped_update()
             if priorities is not None:
                 self.replay.update_priorities(batch["indices"], priorities)
+            cost.add("sample", t1 - t0)
+            cost.add("update", t2 - t1)
+            cost.add("priorities", time.perf_counter() - t2)
             self.book.opt_step(metrics, perf=self.perf)
             if self.first_update_s is None:
                 self._first_update()

@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +25,11 @@ from zmqrl.config import Config, to_flat_dict
 from zmqrl.core import Agent, Recorder, ReplayBuffer
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.run import checkpoint
-from zmqrl.run.record import Progress, TensorBoardRecorder
+from zmqrl.run.costs import ComputeCost
+from zmqrl.run.record import Progress
 from zmqrl.run.resume import ResumePoint
 from zmqrl.run.rundir import BEST, LATEST, RunDir, write_json_atomic
+from zmqrl.run.trackers import open_recorders
 
 if TYPE_CHECKING:
     pass
@@ -88,6 +91,15 @@ class ReplayCheckpointer:
 
 
 
+@dataclass(frozen=True)
+class ModelPoint:
+    """Where a run was when a model was made: its optimisation step, env step and wall time (seconds)."""
+
+    opt_steps: int
+    env_steps: int
+    wall_s: float
+
+
 class Bookkeeper:
     """Counts steps, decides when to record, evaluate, save and stop, and writes the run directory.
 
@@ -100,6 +112,7 @@ class Bookkeeper:
                  extra_state: Callable[[], dict[str, Any]] | None = None, replay: ReplayBuffer | None = None,
                  extra_files: Callable[[], FileWriters] | None = None) -> None:
         self.cfg = cfg
+        self.cost = ComputeCost()  # where the loop's time goes (it times its own parts)
         self.tc = cfg.trainer
         self.dir = run_dir
         self.run = RunDir(run_dir)
@@ -131,17 +144,18 @@ class Bookkeeper:
         self._latest_writer: threading.Thread | None = None  # writes checkpoints/latest with the replay
         self.latest_skipped = 0  # refreshes of latest skipped because the previous one was still being written
 
-    # --- records (TensorBoard) ----------------------------------------------------------------
+    # --- records (run.trackers) --------------------------------------------------------------
     @property
     def recorder(self) -> Recorder:
-        """The TensorBoard writer (imports torch's SummaryWriter on first use)."""
+        """The trackers ``run.trackers`` names, behind one recorder (TensorBoard imports torch's
+        SummaryWriter on first use)."""
         return self._recorder or self.open_recorder()
 
     def open_recorder(self) -> Recorder:
-        """Open the TensorBoard writer now (safe from any thread) and write the config text once."""
+        """Open the trackers now (safe from any thread) and write the config text once."""
         with self._recorder_lock:
             if self._recorder is None:
-                recorder = TensorBoardRecorder(self.run.tb)
+                recorder = open_recorders(self.cfg, self.dir)
                 recorder.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in to_flat_dict(self.cfg).items())
                               + "\n```")
                 self._recorder = recorder
@@ -197,8 +211,10 @@ class Bookkeeper:
         values["train/episodes"] = float(self.episodes)
         values["perf/env_steps_per_s"] = self._env_rate.read(self.env_steps)
         values["perf/opt_steps_per_s"] = self._opt_rate.read(self.opt_steps)
+        values["perf/replay_samples_per_s"] = values["perf/opt_steps_per_s"] * self.cfg.agent.batch_size
         values["perf/env_steps"] = float(self.env_steps)
         values["perf/wall_s"] = self.wall_s
+        values.update(self.cost.interval())
         values.update(extra)
         self.recorder.scalars(self.opt_steps, values)
         self.progress.update(self.opt_steps, {
@@ -207,28 +223,39 @@ class Bookkeeper:
             "env/s": round(values["perf/env_steps_per_s"]), "opt/s": round(values["perf/opt_steps_per_s"]),
         })
 
+    def point(self) -> ModelPoint:
+        """Where the run is now: the point of a model made now."""
+        return ModelPoint(self.opt_steps, self.env_steps, round(self.wall_s, 2))
+
     def evaluation(self, returns: list[float], lengths: list[int], version: int | None = None,
-                   save_best: bool = True) -> bool:
-        """Take a greedy evaluation; returns whether it is a new best."""
+                   save_best: bool = True, at: ModelPoint | None = None) -> bool:
+        """Take a greedy evaluation of the model made at ``at`` (by default: now); returns whether it
+        is a new best. It is recorded at that model's optimisation step, env step and wall time --
+        wherever the run has got to by the time the report arrives (``arrived_opt_steps``)."""
+        at = at or self.point()
         mean = float(np.mean(returns))
         self.last_eval = mean
-        entry = {"opt_steps": self.opt_steps, "env_steps": self.env_steps, "wall_s": round(self.wall_s, 2),
+        entry = {"opt_steps": at.opt_steps, "env_steps": at.env_steps, "wall_s": round(at.wall_s, 2),
                  "version": self.version if version is None else version, "return_mean": mean,
                  "return_std": float(np.std(returns)), "episodes": len(returns)}
+        if at.opt_steps != self.opt_steps:
+            entry["arrived_opt_steps"] = self.opt_steps
         self.evals.append(entry)
         self.evals_total += 1
         if len(self.evals) > EVAL_HISTORY:
             del self.evals[:-EVAL_HISTORY]
-        self.recorder.scalars(self.opt_steps, {
+        self.recorder.scalars(at.opt_steps, {
             "eval/return_mean": mean, "eval/return_std": entry["return_std"],
-            "eval/length_mean": float(np.mean(lengths)), "eval/env_steps": float(self.env_steps)})
+            "eval/length_mean": float(np.mean(lengths)), "eval/env_steps": float(at.env_steps),
+            "eval/wall_s": float(at.wall_s)})
         improved = mean > self.best_eval
         if improved:
             self.best_eval = mean
             if save_best:
-                self.save(BEST, extra={"eval_return": mean})
-        log.info("eval at opt %d (env %d, %.1fs): return %.1f ± %.1f over %d episodes%s", self.opt_steps,
-                 self.env_steps, self.wall_s, mean, entry["return_std"], len(returns),
+                self.save_best(mean, at)
+        late = f", reported at opt {self.opt_steps}" if at.opt_steps != self.opt_steps else ""
+        log.info("eval at opt %d (env %d, %.1fs%s): return %.1f ± %.1f over %d episodes%s", at.opt_steps,
+                 at.env_steps, at.wall_s, late, mean, entry["return_std"], len(returns),
                  "  (new best)" if improved else "")
         target = self.tc.stop_return
         if self.solved is None and target is not None and mean >= target:
@@ -252,6 +279,15 @@ class Bookkeeper:
                 "elapsed_s": self.wall_s, "evals": self.evals,
                 "evals_total": self.evals_total, "recent_returns": list(self.recent_returns),
                 "recent_lengths": list(self.recent_lengths), **self.extra_state()}
+
+    def save_best(self, eval_return: float, at: ModelPoint) -> Path:
+        """``checkpoints/best``: the policy that earned the best evaluation so far, alone (``policy.npz``),
+        as the evaluator keeps it in a distributed run; the training state lives in ``latest`` and the
+        numbered checkpoints."""
+        state = {**self.state(), "opt_steps": at.opt_steps, "env_steps": at.env_steps, "eval_return": eval_return,
+                 "source": "train", "training_state": False}
+        state.pop("evals", None)
+        return checkpoint.save_policy(self.run.checkpoint(BEST), self._attached().params(), state)
 
     def _attached(self) -> Agent:
         if self.agent is None:
@@ -346,7 +382,8 @@ class Bookkeeper:
             "model_version": self.version, "wall_s": round(wall, 3),
             "env_steps_per_s": self.env_steps / max(wall, 1e-9),
             "opt_steps_per_s": self.opt_steps / max(wall, 1e-9),
-            "samples_per_s": self.opt_steps * self.cfg.agent.batch_size / max(wall, 1e-9),
+            "replay_samples_per_s": self.opt_steps * self.cfg.agent.batch_size / max(wall, 1e-9),
+            "compute_cost": self.cost.run(),
             "best_eval_return": self.best_eval if self.evals else None,
             "last_eval_return": self.last_eval, "train_return_recent": self.train_return(),
             "solved": self.solved, "stop_reason": self.stop_reason, "evals": self.evals,
@@ -367,5 +404,11 @@ class Bookkeeper:
         metrics = {"best_eval_return": summary["best_eval_return"] or float("nan"),
                    "env_steps": float(self.env_steps), "wall_s": float(summary["wall_s"])}
         self.recorder.hparams(to_flat_dict(self.cfg), metrics)
+        self.recorder.artifacts(self.dir)
         self.recorder.close()
         return summary
+
+    def close_recorder(self, failed: bool) -> None:
+        """Close the trackers of a run that ends without :meth:`finish` (``failed``: it ended in an error)."""
+        if self._recorder is not None:
+            self._recorder.close(failed=failed)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from zmqrl.run.costs import cost_text
 
 log = logging.getLogger("zmqrl")
 
@@ -22,38 +22,6 @@ def setup_logging(level: str = "info", role: str = "") -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
                         format=f"%(asctime)s {prefix}%(levelname)s %(message)s", datefmt="%H:%M:%S",
                         force=True)
-
-
-class TensorBoardRecorder:
-    """Scalars, histograms and the hyperparameter table, written under ``logdir``."""
-
-    def __init__(self, logdir: str | Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=str(logdir), flush_secs=5)
-
-    def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        for tag, value in values.items():
-            if value is not None and np.isfinite(value):
-                self.writer.add_scalar(tag, float(value), step)
-
-    def histogram(self, step: int, tag: str, values: np.ndarray) -> None:
-        if len(values):
-            self.writer.add_histogram(tag, np.asarray(values), step)
-
-    def hparams(self, flat_config: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
-        """The resolved config as TensorBoard's hyperparameter table."""
-        hp = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flat_config.items()}
-        self.writer.add_hparams(hp, {f"hparam/{k}": v for k, v in metrics.items()}, run_name=".")
-
-    def text(self, tag: str, text: str) -> None:
-        self.writer.add_text(tag, text)
-
-    def flush(self) -> None:
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 class Progress:
@@ -165,8 +133,9 @@ def run_table(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> 
     """The end-of-run table shared by ``zmqrl train``, the learner and ``zmqrl local``.
 
     Rows every run has (stop reason, wall time, env/opt steps and rates, best and last
-    evaluation, the run directory), then, where ``summary`` is a learner's, the distributed
-    ones (samples/s, model version, policy lag, batches) and a row per actor.
+    evaluation, where the loop's time went, the run directory), then, where ``summary`` is a learner's,
+    the distributed ones (transitions inserted, replay samples, model version, policy lag, batches)
+    and a row per actor.
     """
     solved = summary.get("solved")
     rows = [("stop reason", summary.get("stop_reason") or "-"),
@@ -176,8 +145,10 @@ def run_table(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> 
             ("opt steps", f"{summary.get('opt_steps', 0)} ({summary.get('opt_steps_per_s', 0.0):.0f}/s)")]
     if "messages" in summary:  # a learner's summary
         lag, msgs = summary.get("policy_lag", {}), summary["messages"]
-        rows += [("samples/s", f"{summary.get('samples_per_s', 0.0):.0f} "
-                               f"(per insert {summary.get('samples_per_insert', 0.0):.2f})"),
+        rows += [("inserted", f"{summary.get('transitions_inserted', 0)} transitions "
+                              f"({summary.get('transitions_inserted_per_s', 0.0):.0f}/s)"),
+                 ("replay samples", f"{summary.get('replay_samples_per_s', 0.0):.0f}/s "
+                                    f"({summary.get('samples_per_insert', 0.0):.2f} per transition inserted)"),
                  ("model version", str(summary.get("model_version", "-"))),
                  ("policy lag", f"mean {lag.get('mean', float('nan')):.1f}, p90 {lag.get('p90', float('nan')):.0f}, "
                                 f"max {lag.get('max', '-')} model versions"
@@ -185,6 +156,8 @@ def run_table(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> 
                                    else "")),
                  ("batches", f"received {msgs.get('batches_received', 0)}, lost {msgs.get('batches_lost', 0)}, "
                              f"rejected {msgs.get('rejected_total', 0)}")]
+    if summary.get("compute_cost"):
+        rows.append(("time spent", cost_text(summary["compute_cost"])))
     rows += [("best eval return", _eval_text(summary, summary.get("best_eval_return"))),
              ("last eval return", _eval_text(summary, summary.get("last_eval_return")))]
     if solved:

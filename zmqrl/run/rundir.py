@@ -3,9 +3,10 @@ directory a run directory, and how its JSON files are read and written.
 
 Every run, single-process or distributed, writes one directory: ``config.yaml`` (the resolved
 config, written first), ``summary.json``, ``tb/`` (TensorBoard), ``checkpoints/`` (``latest/``,
-``best/``, numbered ones), and in a distributed run ``endpoints.json``, ``logs/``, ``roles/``
-(each role's stats at exit), ``supervisor/`` (the launchers' status), ``eval.token`` and the
-start-up marks ``first_batch.json`` and ``first_update.json``. A directory is a run directory when
+``best/``, numbered ones), with MLflow or W&B ``trackers.json`` (and ``wandb/``), and in a
+distributed run ``endpoints.json``, ``logs/``, ``roles/`` (each role's stats at exit),
+``supervisor/`` (the launchers' status), ``eval.token`` and the start-up marks ``first_batch.json``
+and ``first_update.json``. A directory is a run directory when
 it holds ``config.yaml``, ``summary.json`` or a launcher's status (a ``zmqrl host`` machine's
 directory has only the last).
 """
@@ -28,6 +29,8 @@ ENDPOINTS_FILE = "endpoints.json"  # the addresses of a distributed run's roles
 EVAL_TOKEN_FILE = "eval.token"  # the secret the learner admits evaluation reports with (mode 0600)
 FIRST_BATCH_FILE = "first_batch.json"  # written by the learner once the first batch is in replay
 FIRST_UPDATE_FILE = "first_update.json"  # written by the learner once its first optimisation step is done
+TRACKERS_FILE = "trackers.json"  # the MLflow and W&B runs this run records to, so a resumed run continues them
+WANDB_DIR = "wandb"  # Weights & Biases' own files (offline runs until `wandb sync`)
 CHECKPOINTS_DIR = "checkpoints"
 TB_DIR = "tb"
 LOGS_DIR = "logs"
@@ -81,6 +84,10 @@ class RunDir:
     @property
     def tb(self) -> Path:
         return self.path / TB_DIR
+
+    @property
+    def trackers(self) -> Path:
+        return self.path / TRACKERS_FILE
 
     @property
     def logs(self) -> Path:

@@ -17,6 +17,7 @@ from zmqrl.replay import make_replay
 from zmqrl.run.bookkeeping import Bookkeeper, FileWriters
 from zmqrl.run.resume import ResumePoint, read_resume_point, require_checkpoint
 from zmqrl.run.rundir import RunDir
+from zmqrl.run.trackers import check_trackers
 
 log = logging.getLogger("zmqrl")
 
@@ -41,6 +42,7 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
              extra_files: Callable[[], FileWriters] | None = None, label: str = "") -> Run:
     """Start a run: what ``zmqrl train`` and the learner both do before their loops.
 
+    0. The trackers ``run.trackers`` names are installed (and MLflow has a server).
     1. With ``resume``, check that the run directory holds a readable ``checkpoints/latest``, before
        anything slow or anything written.
     2. The replay the config asks for (``spec``, the algorithm's batch spec, fixes its arrays).
@@ -54,6 +56,7 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
        about the resume is logged (``label``, e.g. ``learner``, starts its lines).
     """
     target = run_dir or cfg.run.run_dir
+    check_trackers(cfg)
     require_checkpoint(target, resume)
     replay = make_replay_from(cfg, spec)
     built = agent() if callable(agent) else agent

@@ -17,6 +17,7 @@ and checked before anything in the run directory is written.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import torch
 from zmqrl.agents.torch_util import flush_denormals, resolve_device
 from zmqrl.config import Config
 from zmqrl.core import Agent, ReplayBuffer
-from zmqrl.envs.evaluator import GreedyEvaluator
+from zmqrl.envs.evaluator import GreedyEvaluator, evaluator_for
 from zmqrl.run.acting import STATE_FILE as ENV_STATE_FILE
 from zmqrl.run.acting import ActingLoop, Task, make_task
 from zmqrl.run.bookkeeping import replay_values
@@ -69,7 +70,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) 
     device = resolve_device(cfg.run.device)
     agent = task.agent(device=device, seed=seed)
     loop = ActingLoop(cfg, agent, task.exploration(None), seed)
-    evaluator = GreedyEvaluator(cfg.env, cfg.trainer.eval_episodes, seed + 1_000_000)
+    evaluator = evaluator_for(cfg, seed + 1_000_000)
     flushed_before = flush_denormals()
     try:
         return _train(cfg, run_dir, resume, task, agent, loop, evaluator, device)
@@ -110,37 +111,57 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
     replay, book, path = run.replay, run.book, run.dir
     evaluator.calls = counters.eval_calls
 
-    tc, batch_size = cfg.trainer, cfg.agent.batch_size
+    tc, batch_size, cost = cfg.trainer, cfg.agent.batch_size, book.cost
+
+    def perf() -> dict[str, float]:
+        assert replay is not None
+        return {**replay_values(replay), "perf/beta": float(getattr(replay, "beta", 1.0))}
+
     explore_tag = loop.exploration.name
     explore = loop.exploration(max(loop.env_steps - loop.num_envs, 0))  # that of the last env step
     log.info("training %s on %s in %s (device %s)", cfg.agent.algo, cfg.env.id, path, device)
-    with StopFlag() as stop:
-        while not stop.set and not book.should_stop():
-            # A resumed run first pays the steps it owes (once warm again, if its replay starts empty).
-            if counters.opt_credit < 1.0 or len(replay) < tc.warmup:
-                acted = loop.step()
-                explore = acted.explore
-                book.add_env_steps(loop.num_envs)
-                book.add_episodes(acted.episode_returns, acted.episode_lengths)
-                if acted.transitions is not None:
-                    replay.add(acted.transitions)
-                if len(replay) < tc.warmup:
-                    continue
-                counters.opt_credit += loop.num_envs / tc.opt_interval
-            while counters.opt_credit >= 1.0 and not stop.set and not book.should_stop():
-                counters.opt_credit -= 1.0
-                batch = replay.sample(batch_size)
-                metrics, priorities = agent.update(batch)
-                if priorities is not None:
-                    replay.update_priorities(batch["indices"], priorities)
-                book.opt_step({**metrics, explore_tag: explore}, save=False,
-                              perf=lambda: {**replay_values(replay), "perf/beta": float(getattr(replay, "beta", 1.0))})
-                if book.eval_due():
-                    returns, lengths = evaluator.run(agent.greedy)
-                    book.evaluation(returns, lengths, version=book.opt_steps)
-                book.save_due()  # after the evaluation, so a checkpoint never falls between the two
-    if stop.set:
-        book.stop_reason = "interrupted"
-    summary = book.finish({"replay_size": len(replay)})  # before the envs close: their state is saved
-    print_run_table(summary, path)
-    return summary
+    try:
+        with StopFlag() as stop:
+            while not stop.set and not book.should_stop():
+                # A resumed run first pays the steps it owes (once warm again, if its replay starts empty).
+                if counters.opt_credit < 1.0 or len(replay) < tc.warmup:
+                    t0 = time.perf_counter()
+                    acted = loop.step()
+                    explore = acted.explore
+                    book.add_env_steps(loop.num_envs)
+                    book.add_episodes(acted.episode_returns, acted.episode_lengths)
+                    t1 = time.perf_counter()
+                    if acted.transitions is not None:
+                        replay.add(acted.transitions)
+                    cost.add("act", t1 - t0)
+                    cost.add("insert", time.perf_counter() - t1)
+                    if len(replay) < tc.warmup:
+                        continue
+                    counters.opt_credit += loop.num_envs / tc.opt_interval
+                while counters.opt_credit >= 1.0 and not stop.set and not book.should_stop():
+                    counters.opt_credit -= 1.0
+                    t0 = time.perf_counter()
+                    batch = replay.sample(batch_size)
+                    t1 = time.perf_counter()
+                    metrics, priorities = agent.update(batch)
+                    t2 = time.perf_counter()
+                    if priorities is not None:
+                        replay.update_priorities(batch["indices"], priorities)
+                    cost.add("sample", t1 - t0)
+                    cost.add("update", t2 - t1)
+                    cost.add("priorities", time.perf_counter() - t2)
+                    book.opt_step({**metrics, explore_tag: explore}, save=False, perf=perf)
+                    if book.eval_due():
+                        t0 = time.perf_counter()
+                        returns, lengths = evaluator.run(agent.greedy)
+                        cost.add("evaluate", time.perf_counter() - t0)
+                        book.evaluation(returns, lengths, version=book.opt_steps)
+                    book.save_due()  # after the evaluation, so a checkpoint never falls between the two
+        if stop.set:
+            book.stop_reason = "interrupted"
+        summary = book.finish({"replay_size": len(replay)})  # before the envs close: their state is saved
+        print_run_table(summary, path)
+        return summary
+    except BaseException:
+        book.close_recorder(failed=True)  # a tracker's run marked failed, what it held sent
+        raise
