@@ -60,18 +60,23 @@ def finite(values: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def artifact_files(run_dir: Path, max_bytes: float) -> tuple[list[Path], list[Path]]:
-    """The files of ``ARTIFACT_GLOBS`` under ``run_dir``: (those to send, those over ``max_bytes``)."""
+def artifact_files(run_dir: Path, max_bytes: float, tracker: str) -> list[Path]:
+    """The files of ``ARTIFACT_GLOBS`` under ``run_dir`` to send; those over ``max_bytes`` are left out,
+    each with a log line naming ``tracker``."""
     send: list[Path] = []
-    too_big: list[Path] = []
     seen: set[Path] = set()
     for pattern in ARTIFACT_GLOBS:
         for path in sorted(run_dir.glob(pattern)):
             if path in seen or not path.is_file():
                 continue
             seen.add(path)
-            (send if path.stat().st_size <= max_bytes else too_big).append(path)
-    return send, too_big
+            size = path.stat().st_size
+            if size <= max_bytes:
+                send.append(path)
+            else:
+                log.info("%s: %s left out (%.0f MB, over run.artifact_max_mb)", tracker, path.relative_to(run_dir),
+                         size / 2**20)
+    return send
 
 
 _state_lock = threading.Lock()

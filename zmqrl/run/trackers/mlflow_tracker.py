@@ -166,11 +166,7 @@ class MLflowRecorder:
 
     def artifacts(self, run_dir: Path) -> None:
         run_dir = Path(run_dir)
-        send, too_big = artifact_files(run_dir, self.artifact_max_bytes)
-        for path in too_big:
-            log.info("mlflow: %s left out of the artifacts (%.0f MB, over run.artifact_max_mb)",
-                     path.relative_to(run_dir), path.stat().st_size / 2**20)
-        for path in send:
+        for path in artifact_files(run_dir, self.artifact_max_bytes, "mlflow"):
             parent = path.parent.relative_to(run_dir).as_posix()
             self.client.log_artifact(self.run_id, str(path), artifact_path=None if parent == "." else parent)
 

@@ -87,11 +87,7 @@ class WandbRecorder:
     def artifacts(self, run_dir: Path) -> None:
         """Copies (not links) of the run directory's small files under ``files/run/``."""
         run_dir = Path(run_dir)
-        send, too_big = artifact_files(run_dir, self.artifact_max_bytes)
-        for path in too_big:
-            log.info("wandb: %s left out of the files (%.0f MB, over run.artifact_max_mb)",
-                     path.relative_to(run_dir), path.stat().st_size / 2**20)
-        for path in send:
+        for path in artifact_files(run_dir, self.artifact_max_bytes, "wandb"):
             dest = self.files / "run" / path.relative_to(run_dir)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, dest)
