@@ -3,7 +3,7 @@
 Each row times ``agent.update`` on batches sampled from a prioritized replay of real Pong
 transitions (the shipped ``pong_dqn.yaml``, frames stored once), as the learner's loop runs it,
 against the same update on one batch sampled once (the network's own speed: no sampling, no
-staging of new data). On CUDA, where there is one, batch 32 and 512 are timed with the pinned,
+staging of new data). On CUDA, where there is one, batch 32, 256 and 512 are timed with the pinned,
 double-buffered staging and with plain blocking copies.
 """
 
@@ -21,6 +21,7 @@ from zmqrl.bench.harness import (
 )
 
 CONFIG = "pong_dqn.yaml"
+CUDA_BATCHES = (32, 256, 512)  # Nature DQN's batch, the GPU sprint's, Ape-X's
 POOL = 2048  # real transitions in replay (distinct frames: sampling touches memory as a full replay would)
 
 
@@ -74,8 +75,8 @@ def run(c: Context) -> list[Row]:
                      f"{reps} alternations")]
     if not torch.cuda.is_available():
         return rows + [skipped_row(f"cnn_learner_b{b}_cuda_pinned", "opt steps/s", "no CUDA device here")
-                       for b in (32, 512)]
-    for batch_size in (32, 512):
+                       for b in CUDA_BATCHES]
+    for batch_size in CUDA_BATCHES:
         pinned, _, _ = _measure(c, "cuda", batch_size, True, reps)
         plain, ceiling, _ = _measure(c, "cuda", batch_size, False, reps)
         rows.append(make_row(f"cnn_learner_b{batch_size}_cuda_pinned", pinned, plain, "opt steps/s",

@@ -1,0 +1,72 @@
+"""``zmqrl sprint`` (launch/gpu_sprint.sh): the GPU host's one prepared command, run here on CPU.
+
+The real command on Catch with a tiny budget: the cnn bench group (smoke), ``zmqrl local`` for the
+time the budget leaves, then the files and the report. It must stop inside its budget, stop the run
+by the run's own wall-time limit, and write every file the GPU host's run brings back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zmqrl.bench.sprint import actor_rates
+
+REPO = Path(__file__).resolve().parents[2]
+CATCH = REPO / "configs" / "catch_dqn.yaml"
+BUDGET_S = 80.0
+
+
+def sprint(out: Path, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(["bash", str(REPO / "launch" / "gpu_sprint.sh"), str(out), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> None:
+    out = tmp_path / "sprint"
+    done = sprint(out, "--config", str(CATCH), "--budget-s", str(BUDGET_S), "--actors", "1", "--device", "cpu",
+                  "--bench", "smoke", "--set", "trainer.stop_return=null")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in ("report.txt", "sprint.json", "summary.json", "config.yaml", "curve.png", "bench_cnn.json"):
+        assert (out / name).is_file(), name
+    assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    found = json.loads((out / "sprint.json").read_text())
+    assert found["elapsed_s"] <= BUDGET_S, found["elapsed_s"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == f"reached max_seconds={found['train_seconds']:.1f}"
+    assert summary["opt_steps"] > 0 and summary["env_steps"] > 0 and summary["evals"]
+    ran = yaml.safe_load((out / "config.yaml").read_text())
+    assert ran["run"]["device"] == "cpu"
+    assert ran["trainer"]["max_seconds"] == pytest.approx(found["train_seconds"], abs=1)
+    assert found["actors"]["actors"] == 1 and found["actors"]["env_steps_per_s_per_actor"] > 0
+    assert 6000 < found["actors"]["wire_bytes_per_transition"] < 30000  # two 84x84 frames, and headers
+    names = [row["name"] for row in json.loads((out / "bench_cnn.json").read_text())]
+    assert names == ["cnn_learner_b32_cpu", "cnn_learner_b32_cuda_pinned", "cnn_learner_b256_cuda_pinned",
+                     "cnn_learner_b512_cuda_pinned"]
+    report = (out / "report.txt").read_text()
+    assert report == done.stdout[done.stdout.index("zmqrl sprint:"):]  # the printed report is the file's
+    assert f"best {summary['best_eval_return']:.2f}" in report and "env steps/s each" in report
+
+
+def test_sprint_refuses_a_bad_key_before_running_anything(tmp_path: Path) -> None:
+    done = sprint(tmp_path / "o", "--config", str(CATCH), "--set", "agent.nope=1", timeout=120)
+    assert done.returncode == 2 and "agent.nope" in done.stderr
+    assert not (tmp_path / "o" / "run").exists()
+
+
+def test_actor_rates_per_core_paused_share_and_wire_bytes() -> None:
+    summary = {"wall_s": 100.0, "transitions_inserted": 1000,
+               "actors": {"actor-0": {"env_steps_per_s": 600.0, "paused_s": 50.0},
+                          "actor-1": {"env_steps_per_s": 400.0, "paused_s": 50.0}},
+               "proxies": {"proxy": {"bytes": 5_000_000}}}
+    rates = actor_rates(summary, cores=16)
+    assert rates["env_steps_per_s_per_actor"] == 500.0 and rates["env_steps_per_s_total"] == 1000.0
+    assert rates["paused_share"] == 0.5 and rates["env_steps_per_s_per_actor_unpaused"] == 1000.0
+    assert rates["wire_bytes_per_transition"] == 5000.0
