@@ -9,6 +9,9 @@ double-buffered staging and with plain blocking copies.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from zmqrl.bench.harness import (
     Context,
     Row,
@@ -25,6 +28,9 @@ CUDA_BATCHES = (32, 256, 512)  # Nature DQN's batch, the GPU sprint's, Ape-X's
 POOL = 2048  # real transitions in replay (distinct frames: sampling touches memory as a full replay would)
 
 
+_replays: dict[Path, Any] = {}
+
+
 def _measure(c: Context, device: str, batch_size: int, pinned: bool, reps: int) -> tuple[float, float, str]:
     """(sampled-batch opt steps/s, fixed-batch opt steps/s, config name) on ``device``."""
     import torch
@@ -39,8 +45,10 @@ def _measure(c: Context, device: str, batch_size: int, pinned: bool, reps: int) 
     agent = task.agent(device=device, seed=0)
     if hasattr(agent, "stager"):
         agent.stager = BatchStager(device, pinned=pinned)
-    replay = make_replay_from(cfg)
-    replay.add(transition_pool(cfg, POOL))
+    replay = _replays.get(path)
+    if replay is None:  # one replay of real frames for every row (the sampled priorities change, the frames not)
+        replay = _replays[path] = make_replay_from(cfg)
+        replay.add(transition_pool(cfg, POOL))
     fixed = replay.sample(batch_size)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
