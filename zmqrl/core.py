@@ -74,7 +74,11 @@ class ReusesActingValues(Protocol):
 
 
 class Agent(Policy, Protocol):
-    """What a learner needs on top of a policy: updates, parameters to publish, persistence."""
+    """What a learner needs on top of a policy: updates, parameters to publish, persistence.
+
+    An agent may also implement :class:`DefersUpdates`; the learner then reads each step's results
+    one step later, while the device runs the step (see there).
+    """
 
     def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray | None]:
         """One optimisation step; returns scalar metrics and new priorities (or None)."""
@@ -95,6 +99,40 @@ class Agent(Policy, Protocol):
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""
+        ...
+
+
+class PendingUpdate(Protocol):
+    """An optimisation step already applied to the agent (or queued on its device) whose metrics and
+    priorities have not been read yet (:class:`zmqrl.agents.torch_util.PendingStep`)."""
+
+    def done(self) -> bool:
+        """Whether :meth:`result` would return without waiting for the device."""
+        ...
+
+    def result(self) -> tuple[dict[str, float], np.ndarray | None]:
+        """The step's scalar metrics and new priorities (or None), waiting for the device if need be;
+        the same on every call."""
+        ...
+
+
+@runtime_checkable
+class DefersUpdates(Protocol):
+    """Optional, on top of :class:`Agent`: an update whose results are read later.
+
+    ``update_deferred(batch)`` applies the step exactly as ``update(batch)`` does (the agent's
+    parameters, optimiser state and counters move on at once, as far as anything that reads them
+    can tell: on CUDA the work is queued on the device in order) but does not wait for its metrics and
+    priorities: on CUDA they come back to the host in a non-blocking copy. By definition
+    ``update(batch) == update_deferred(batch).result()``. A learner samples the next batch before
+    reading a step's results, so the device computes while the host samples; it writes the step's
+    priorities before anything reads the replay or the agent as a whole (a published model, a
+    checkpoint, the summary, new transitions into replay). An agent without this method is
+    updated with :meth:`Agent.update`, its results simply already read.
+    """
+
+    def update_deferred(self, batch: Mapping[str, np.ndarray]) -> PendingUpdate:
+        """One optimisation step, its results read from what it returns (:meth:`PendingUpdate.result`)."""
         ...
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,72 @@ def _share_float_env() -> None:
     env = ctypes.create_string_buffer(128)  # fenv_t: 32 bytes on x86-64, less elsewhere
     if fegetenv(env) == 0:
         parallel(ctypes.cast(fesetenv, ctypes.c_void_p), ctypes.addressof(env), threads, 0)
+
+
+class PendingStep:
+    """An optimisation step whose work is queued on the device and whose results are not read yet.
+
+    An update ends with one 1-D float tensor: its scalar metrics (named by ``names``, in order)
+    followed by the new priorities. On CUDA, :meth:`on_host` copies it into a page-locked host
+    tensor with ``non_blocking=True`` and records an event after the copy, so the host goes on
+    (sampling the next batch) while the device finishes the step; :meth:`result` waits for that
+    event alone. Each step has its own host tensor: torch's caching host allocator hands that
+    memory to no other tensor until the copy recorded on it has completed, so no step's results can
+    be overwritten by another's, read or not. On the CPU the tensor is the result itself, already
+    computed: nothing is copied beyond what reading it always took.
+    """
+
+    __slots__ = ("_event", "_names", "_read", "_values")
+
+    def __init__(self, names: Sequence[str], values: torch.Tensor | None,
+                 event: torch.cuda.Event | None = None,
+                 read: tuple[dict[str, float], np.ndarray | None] | None = None) -> None:
+        self._names = tuple(names)
+        self._values = values
+        self._event = event
+        self._read = read
+
+    @classmethod
+    def on_host(cls, names: Sequence[str], values: torch.Tensor) -> PendingStep:
+        """The step whose metrics and priorities ``values`` (1-D, metrics first) will hold once the
+        device has computed them; on CUDA the copy to the host is queued here, not waited for."""
+        values = values.detach()
+        if values.device.type != "cuda":
+            return cls(names, values.cpu())
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()  # after the copy, on the stream that queued it
+        return cls(names, host, event)
+
+    @classmethod
+    def resolved(cls, metrics: dict[str, float], priorities: np.ndarray | None) -> PendingStep:
+        """A step whose results are already read (an agent with a blocking ``update`` only)."""
+        return cls(tuple(metrics), None, read=(metrics, priorities))
+
+    def done(self) -> bool:
+        """Whether :meth:`result` would return without waiting for the device."""
+        return self._read is not None or self._event is None or bool(self._event.query())
+
+    def result(self) -> tuple[dict[str, float], np.ndarray | None]:
+        """Scalar metrics and priorities (float32, or None where the update has none), waiting for the
+        device where the step has not finished; the same objects on every call."""
+        if self._read is None:
+            if self._event is not None:
+                self._event.synchronize()
+            assert self._values is not None
+            host = self._values.numpy()
+            n = len(self._names)
+            self._read = (dict(zip(self._names, host[:n].tolist(), strict=True)), host[n:].astype(np.float32))
+            self._values = self._event = None  # the host tensor goes back to torch's allocator
+        return self._read
+
+    def read(self) -> tuple[dict[str, float], np.ndarray]:
+        """:meth:`result` of a step that has priorities (every one :meth:`on_host` made)."""
+        metrics, priorities = self.result()
+        if priorities is None:
+            raise ValueError("this step has no priorities")
+        return metrics, priorities
 
 
 def module_params(module: nn.Module, prefix: str = "") -> dict[str, np.ndarray]:

@@ -12,6 +12,15 @@ subscriber appears and every ``net.republish_s`` seconds, so late joiners never 
 next sync. Per-peer accounting lives in :mod:`~zmqrl.roles.peers`, the samples-per-insert rate
 limiter in :mod:`~zmqrl.roles.ratelimit`.
 
+A step's results are read one step late: the loop samples batch k+1, then writes step k's
+priorities and counts it, then queues step k+1 (:class:`~zmqrl.core.DefersUpdates`), so on CUDA the
+device runs a step while the host samples the next batch instead of waiting for it. Each step's
+priorities reach replay exactly once, in order, and the pending step is settled first wherever the
+agent or replay is read as a whole: before a model goes out, before new transitions go into replay
+(whose slots a sampled batch may name), before the summary, before the waits of a learner starved or
+throttled, at the end, and before the sample that would follow a step whose count brings a checkpoint
+or ``max_opts`` (so a checkpoint's replay has drawn no batch its agent has not trained on).
+
 Startup does not wait for torch (seconds to import on a small machine): where the algorithm can
 draw its version-0 parameters with numpy, the learner publishes them, starts receiving and
 inserting into the (numpy-only) replay at once, and imports torch and builds the agent in a
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +42,7 @@ import zmq
 
 from zmqrl import __version__
 from zmqrl.config import Config
-from zmqrl.core import Agent
+from zmqrl.core import Agent, DefersUpdates, PendingUpdate
 from zmqrl.replay.prioritized import priority_counts
 from zmqrl.roles.admission import EvalAdmission, reported_point
 from zmqrl.roles.fit import task_signature
@@ -81,6 +91,8 @@ class Learner(RoleProcess):
         self._insert_rate = Rate()
         self._initial = None if resume else self.task.initial_params()
         self._agent: Agent | None = None
+        self._update: Callable[[Mapping[str, np.ndarray]], PendingUpdate] | None = None  # the agent's, deferred
+        self._pending: tuple[PendingUpdate, np.ndarray] | None = None  # the step whose results are unread, its indices
         self._builder: Background[Agent] = Background(self._build_agent, name="agent-builder")
         self._deferred: list[Message] = []  # evaluation reports that came before the agent
         # The agent is built now (before anything is written or bound) to resume, or where the algorithm
@@ -161,6 +173,7 @@ class Learner(RoleProcess):
 
         torch.set_num_threads(self.cfg.run.torch_threads)  # (per thread in some builds: this one trains)
         self._agent = agent
+        self._update = deferred_update(agent)
         self.book.agent = agent
         log.info("learner: ready in %.1fs", time.monotonic() - self.started)
 
@@ -207,6 +220,8 @@ class Learner(RoleProcess):
         model it receives (:meth:`SamplesPerInsert.allowance`), so a slow iteration of this loop
         cannot let actors run on unbounded before its pause goes out.
         """
+        if self._pending is not None and (new_version or refresh or done or self._last_params is None):
+            new_version = self._resolve() or new_version  # the model after the pending step, with its count
         started = time.perf_counter()
         try:
             self._publish(new_version, refresh, done)
@@ -296,6 +311,8 @@ class Learner(RoleProcess):
                     self._deferred.append(msg)  # recording it opens TensorBoard: that waits for torch
                 else:
                     self._evaluation(msg)
+        if batches:
+            self._settle()  # the pending step's priorities before new items take the slots it sampled
         return sum(self._account(msg) for msg in self.writer.insert(batches))
 
     def _account(self, msg: Message) -> int:
@@ -309,6 +326,46 @@ class Learner(RoleProcess):
         self.book.add_env_steps(steps)
         self.book.add_episodes(returns, lengths)
         return n
+
+    # --- optimisation steps -------------------------------------------------------------------
+    def _steps_taken(self) -> int:
+        """Optimisation steps taken: those counted and the one pending (its batch already sampled)."""
+        return self.book.opt_steps + (self._pending is not None)
+
+    def _resolve(self, save: bool = True) -> bool:
+        """Read the pending step's results, if there is one: its priorities into replay, its metrics
+        counted (``book.opt_step``: records, and with ``save`` the checkpoints that came due). Returns
+        whether its count completes a ``trainer.sync_interval`` (a new version is due: the caller
+        publishes it, :meth:`_settle`)."""
+        if self._pending is None:
+            return False
+        pending, indices = self._pending
+        self._pending = None
+        t0 = time.perf_counter()
+        metrics, priorities = pending.result()
+        t1 = time.perf_counter()
+        if metrics.get("skipped"):
+            self._skipped_update()
+        if priorities is not None:
+            self.replay.update_priorities(indices, priorities)
+        self.book.cost.add("update", t1 - t0)  # the host waiting for the device to finish the step
+        self.book.cost.add("priorities", time.perf_counter() - t1)
+        self.book.opt_step(metrics, perf=self.perf, save=save)
+        if self.first_update_s is None:
+            self._first_update()
+        return self.book.opt_steps % self.cfg.trainer.sync_interval == 0
+
+    def _settle(self) -> None:
+        """:meth:`_resolve` the pending step, and publish the new version its count may bring."""
+        if self._resolve():
+            self.publish(new_version=True)
+
+    def _settle_first(self) -> bool:
+        """Whether the pending step is settled before the next batch is drawn: its count brings a
+        checkpoint (whose replay then has drawn no batch its agent has not trained on, so a resume
+        goes on exactly) or ``max_opts`` (no batch is drawn beyond the last step)."""
+        count = self.book.opt_steps + 1
+        return count >= self.cfg.trainer.max_opts or self.book.save_due_at(count)
 
     def _skipped_update(self) -> None:
         """An optimisation step the agent did not apply (its loss or gradients were not finite): counted,
@@ -428,15 +485,17 @@ class Learner(RoleProcess):
             if self._new_subscribers() or republish():
                 self.publish(new_version=False)
             if summarise():
+                self._settle()  # the summary counts every step taken, its priorities written
                 self.book.write_summary(self.summary_extra())
             ready, warm = self.agent_ready(), len(self.replay) >= tc.warmup
             starving = not (warm and ready)
-            throttled = self.limiter.throttled(self.book.opt_steps)
+            throttled = self.limiter.throttled(self._steps_taken())
             if starving or throttled:
+                self._settle()  # no step left pending while the loop waits
                 self.ingest(timeout=0.1)
             elif ingest_due():
                 self.ingest()
-            if self.limiter.update_pause(self.book.opt_steps, warm):
+            if self.limiter.update_pause(self._steps_taken(), warm):
                 self.publish(new_version=False, refresh=True)  # tell actors at once, not at the next sync
             if starving:
                 if waiting_log():
@@ -447,23 +506,19 @@ class Learner(RoleProcess):
                 if self.limiter.allowance() is not None and regrant():
                     self.publish(new_version=False, refresh=True)  # a new grant: actors held at their allowance go on
                 continue
+            if self._pending is not None and self._settle_first():
+                self._settle()
+                continue  # the stop, the limiter and the rest see the step counted
+            # Batch k+1 is drawn while the device may still run step k; step k's results are read after.
             t0 = time.perf_counter()
             batch = self.replay.sample(batch_size)
-            t1 = time.perf_counter()
-            metrics, priorities = self.agent.update(batch)
-            t2 = time.perf_counter()
-            if metrics.get("skipped"):
-                self._skipped_update()
-            if priorities is not None:
-                self.replay.update_priorities(batch["indices"], priorities)
-            cost.add("sample", t1 - t0)
-            cost.add("update", t2 - t1)
-            cost.add("priorities", time.perf_counter() - t2)
-            self.book.opt_step(metrics, perf=self.perf)
-            if self.first_update_s is None:
-                self._first_update()
-            if self.book.opt_steps % tc.sync_interval == 0:
+            cost.add("sample", time.perf_counter() - t0)
+            if self._resolve(save=False):  # (no checkpoint came due: _settle_first would have settled it)
                 self.publish(new_version=True)
+            assert self._update is not None  # (the agent is ready)
+            t1 = time.perf_counter()
+            self._pending = (self._update(batch), batch["indices"])
+            cost.add("update", time.perf_counter() - t1)
         if stop.set:
             self.book.stop_reason = f"stopped by {stop.signal_name or 'signal'}"
         return self.finish()
@@ -471,6 +526,7 @@ class Learner(RoleProcess):
     def finish(self) -> dict[str, Any]:
         """A clean stop: account for what peers already sent, final checkpoint and summary, then
         tell every role on the model stream that the run is over (they exit 0)."""
+        self._settle()  # the last step's priorities and count, before the final checkpoint and summary
         self._dispatch(self.receiver.drain(seconds=1.0))
         self.agent_ready(block=True)  # the final checkpoint needs the agent
         summary = self.book.finish(self.summary_extra())
@@ -491,6 +547,16 @@ def run_learner(cfg: Config, run_dir: str | None, bind_data: str, bind_model: st
     """The ``zmqrl learner`` entry point."""
     serve(lambda: Learner(cfg, run_dir, bind_data, bind_model, bind_eval, resume))
     return 0
+
+
+def deferred_update(agent: Agent) -> Callable[[Mapping[str, np.ndarray]], PendingUpdate]:
+    """``agent.update_deferred`` (:class:`~zmqrl.core.DefersUpdates`), or for an agent without it, its
+    ``update`` with the results already read."""
+    if isinstance(agent, DefersUpdates):
+        return agent.update_deferred
+    from zmqrl.agents.torch_util import PendingStep
+
+    return lambda batch: PendingStep.resolved(*agent.update(batch))
 
 
 def nonfinite_params(params: Any) -> str:

@@ -194,6 +194,13 @@ class Bookkeeper:
         elif self.tc.latest_interval_s and time.monotonic() - self._last_latest >= self.tc.latest_interval_s:
             self.save(LATEST)
 
+    def save_due_at(self, opt_steps: int) -> bool:
+        """Whether :meth:`save_due` would write a checkpoint once ``opt_steps`` steps are counted (the
+        time-based ``latest`` as of now)."""
+        tc = self.tc
+        return bool(tc.save_interval and opt_steps % tc.save_interval == 0) or bool(
+            tc.latest_interval_s and time.monotonic() - self._last_latest >= tc.latest_interval_s)
+
     def eval_due(self) -> bool:
         return self.opt_steps % self.tc.eval_interval == 0
 

@@ -6,7 +6,9 @@ and the run table).
 
 The loop times each part itself (``time.perf_counter`` around the call, well under a microsecond).
 On a GPU the update's time is what the host spends on it: kernels still running when it returns are
-counted in the next part that waits for them.
+counted in the next part that waits for them. The learner reads a step's results one step later
+(:mod:`~zmqrl.roles.learner`): its ``update`` is the time queuing each step plus the time waiting for
+the results of one the device has not finished by then.
 """
 
 from __future__ import annotations

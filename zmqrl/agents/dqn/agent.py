@@ -24,6 +24,7 @@ from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.dqn.numpy_policy import td_priorities
 from zmqrl.agents.qtarget import TargetQAgent
 from zmqrl.agents.torch_util import (
+    PendingStep,
     clip_gradients,
     load_module_params,
     module_params,
@@ -115,14 +116,20 @@ class DQNAgent(TargetQAgent, DQNPolicy):
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
 
     def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
-        """One gradient step on a sampled batch; returns metrics and |TD error| priorities.
+        """One gradient step on a sampled batch; returns metrics and |TD error| priorities
+        (:meth:`update_deferred`, its results read at once)."""
+        return self.update_deferred(batch).read()
+
+    def update_deferred(self, batch: Mapping[str, np.ndarray]) -> PendingStep:
+        """One gradient step on a sampled batch, queued; its metrics and |TD error| priorities are read
+        from the :class:`PendingStep` (on CUDA without waiting for the device until then).
 
         The batch reaches the device through :class:`BatchStager` (pinned and non-blocking on
         CUDA), and metrics and priorities come back in one device-to-host copy. The MLP network's
         loss and gradients are written out (:class:`ExplicitMLPLoss`); the CNN's go through autograd.
         """
         if self._explicit is None:
-            return self.update_autograd(batch)
+            return self._autograd_step(batch)
         obs, action, reward, next_obs, discount, weights = self._tensors(batch)
         loss, q, td, grad_norm = self._explicit(obs, action, reward, next_obs, discount, weights,
                                                 self.cfg.max_grad_norm)
@@ -132,6 +139,9 @@ class DQNAgent(TargetQAgent, DQNPolicy):
 
     def update_autograd(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
         """:meth:`update` through autograd, for any network."""
+        return self._autograd_step(batch).read()
+
+    def _autograd_step(self, batch: Mapping[str, np.ndarray]) -> PendingStep:
         obs, action, reward, next_obs, discount, weights = self._tensors(batch)
         with torch.no_grad():
             target_q = self.target(next_obs)
@@ -165,16 +175,13 @@ class DQNAgent(TargetQAgent, DQNPolicy):
         return t["obs"], t["action"].long().unsqueeze(1), reward, t["next_obs"], t["discount"].float(), weights
 
     def _finish_step(self, loss: torch.Tensor, q: torch.Tensor, td: torch.Tensor, grad_norm: torch.Tensor,
-                     skipped: torch.Tensor) -> tuple[dict[str, float], np.ndarray]:
-        """Count the step, update the target when due; metrics and priorities in one copy to the host.
-        ``skipped`` (1.0 when the loss or gradients were not finite and the step was not applied) is
-        the metric ``skipped``."""
+                     skipped: torch.Tensor) -> PendingStep:
+        """Count the step, update the target when due; metrics and priorities on their way to the host in
+        one copy. ``skipped`` (1.0 when the loss or gradients were not finite and the step was not
+        applied) is the metric ``skipped``."""
         self.opt_steps += 1
         if self.opt_steps % self.cfg.target_update_interval == 0:
             self.update_target()
         td_abs = td.abs().float()
         stats = torch.stack([loss, q.mean(), td_abs.mean(), grad_norm, skipped]).float()
-        host = torch.cat([stats, td_abs]).cpu().numpy()
-        n = len(self.METRICS)
-        return dict(zip(self.METRICS, host[:n].tolist(), strict=True)), host[n:].astype(np.float32)
-
+        return PendingStep.on_host(self.METRICS, torch.cat([stats, td_abs]))

@@ -31,6 +31,7 @@ from zmqrl.agents.iqn.networks import IQNNetwork, mlp_iqn, nature_cnn_iqn
 from zmqrl.agents.iqn.numpy_policy import draw_taus, midpoint_taus
 from zmqrl.agents.qtarget import TargetQAgent
 from zmqrl.agents.torch_util import (
+    PendingStep,
     clip_gradients,
     load_module_params,
     module_params,
@@ -148,7 +149,13 @@ class IQNAgent(TargetQAgent, IQNPolicy):
         return torch.rand(rows, k, device=self.device, generator=self.tau_rng)
 
     def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
-        """One gradient step on a sampled batch; returns metrics and new priorities.
+        """One gradient step on a sampled batch; returns metrics and new priorities
+        (:meth:`update_deferred`, its results read at once)."""
+        return self.update_deferred(batch).read()
+
+    def update_deferred(self, batch: Mapping[str, np.ndarray]) -> PendingStep:
+        """One gradient step on a sampled batch, queued; its metrics and new priorities are read from
+        the :class:`PendingStep` (on CUDA without waiting for the device until then).
 
         The batch reaches the device through :class:`BatchStager` (pinned and non-blocking on
         CUDA), and metrics and priorities come back in one device-to-host copy.
@@ -192,9 +199,7 @@ class IQNAgent(TargetQAgent, IQNPolicy):
             q = pred.detach().mean(dim=1)
             td_abs = (target.mean(dim=1) - q).abs()
             stats = torch.stack([loss.detach(), q.mean(), td_abs.mean(), grad_norm.detach(), skipped]).float()
-            host = torch.cat([stats, priorities]).cpu().numpy()
-        n = len(self.METRICS)
-        return dict(zip(self.METRICS, host[:n].tolist(), strict=True)), host[n:].astype(np.float32)
+            return PendingStep.on_host(self.METRICS, torch.cat([stats, priorities]))
 
 
     def state_dict(self) -> dict[str, Any]:

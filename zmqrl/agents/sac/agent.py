@@ -36,6 +36,7 @@ from zmqrl.agents.sac.numpy_policy import ActionBounds, explore_actions
 from zmqrl.agents.staging import BatchStager
 from zmqrl.agents.torch_util import (
     Adam,
+    PendingStep,
     clip_gradients,
     load_module_params,
     module_params,
@@ -141,7 +142,13 @@ class SACAgent(SACPolicy):
         return float(self.log_alpha.detach().exp())
 
     def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
-        """One step of the critics, the actor and alpha; returns metrics and priorities.
+        """One step of the critics, the actor and alpha; returns metrics and priorities
+        (:meth:`update_deferred`, its results read at once)."""
+        return self.update_deferred(batch).read()
+
+    def update_deferred(self, batch: Mapping[str, np.ndarray]) -> PendingStep:
+        """One step of the critics, the actor and alpha, queued; its metrics and priorities are read
+        from the :class:`PendingStep` (on CUDA without waiting for the device until then).
 
         ``critic_loss`` is the sum over critics of each one's (importance-weighted) mean loss;
         ``alpha`` is the coefficient this step used, ``entropy`` the mean of -log pi over the
@@ -197,9 +204,7 @@ class SACAgent(SACPolicy):
         td_abs = td.detach().abs().mean(dim=0)
         stats = torch.stack([critic_loss.detach(), actor_loss.detach(), alpha, alpha_loss, -log_prob.mean(),
                              q.detach().mean(), td_abs.mean(), skipped]).float()
-        host = torch.cat([stats, td_abs.float()]).cpu().numpy()
-        n = len(self.METRICS)
-        return dict(zip(self.METRICS, host[:n].tolist(), strict=True)), host[n:].astype(np.float32)
+        return PendingStep.on_host(self.METRICS, torch.cat([stats, td_abs.float()]))
 
     def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, module: nn.Module,
               skip: torch.Tensor | None = None) -> torch.Tensor:
