@@ -638,7 +638,11 @@ def test_cuda_agent_updates_acts_and_resumes() -> None:
     assert isinstance(priorities, np.ndarray) and priorities.dtype == np.float32
     np.testing.assert_allclose(priorities, td.abs().mean(0).numpy(), rtol=1e-3, atol=1e-4)
     losses = [agent.update(batch)[0]["critic_loss"] for _ in range(200)]
-    assert np.mean(losses[-10:]) < 0.3 * np.mean(losses[:10])
+    # With alpha tuned (entropy noise in the target) the loss falls to about half in 200 updates: 0.53 on
+    # an H100, 0.52-0.57 on CPU for seeds 1-5 and 42; an update that does not learn stays near 1.
+    # (0.3, the fixed-alpha test's bound above, was never reachable here: this test first ran on a GPU
+    # host on 2026-11-27.)
+    assert np.mean(losses[-10:]) < 0.7 * np.mean(losses[:10]), (losses[:10], losses[-10:])
     params = agent.params()
     assert all(isinstance(v, np.ndarray) for v in params.values())
     numpy_policy = NumpySACPolicy(sac_cfg(), OBS_SPACE, ACT_SPACE, seed=44)
