@@ -120,7 +120,7 @@ def bench_rows(s: Sprint) -> list[dict[str, Any]]:
 def train(s: Sprint) -> tuple[int | None, float]:
     """``zmqrl local`` for the time left; returns its exit code (None: stopped by the sprint) and its max_seconds."""
     run_dir = s.out / "run"
-    seconds = max(MIN_RUN_S, s.left_s() - STOP_RESERVE_S)
+    seconds = float(round(max(MIN_RUN_S, s.left_s() - STOP_RESERVE_S)))  # whole seconds: the value the run gets
     sets = [f"run.device={s.device}", f"trainer.max_seconds={seconds:.0f}", *s.overrides]
     argv = zmqrl_argv("local", str(s.config), "--actors", str(s.actors), "--run-dir", str(run_dir),
                       *[a for kv in sets for a in ("--set", kv)])
