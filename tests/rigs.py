@@ -1,5 +1,5 @@
-"""Rigs the tests in several folders share: an actor against a real sink and model publisher, and a learner
-in this process with CartPole batches to feed it."""
+"""Rigs the tests in several folders share: an actor against a real sink and model publisher, a learner
+in this process with CartPole batches to feed it, and a target network made to differ from its online one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import zmq
 
 from zmqrl.agents.dqn.numpy_policy import mlp_param_shapes
@@ -107,3 +108,11 @@ def check_stream(msgs: list[Message], rig: Rig) -> None:
         assert len(m.arrays["reward"]) >= rig.cfg.actor.n_buffer
         assert set(m.arrays) == {"obs", "action", "reward", "next_obs", "discount", "priority"}
         assert m.meta["model_inc"] == LEARNER_INC and m.version <= m.meta["max_version"]
+
+
+def perturb_target(agent: Any, seed: int = 123) -> None:
+    """Make an agent's target network differ from the online one, so double and plain targets differ."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in agent.target.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen))

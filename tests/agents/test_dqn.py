@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rigs import perturb_target
 from zmqrl import config as config_mod
 from zmqrl.agents.dqn.agent import DQNAgent, DQNPolicy
 from zmqrl.agents.dqn.config import DQNConfig
@@ -43,13 +44,6 @@ def make_batch(n: int = 32, seed: int = 0, weights: bool = False) -> dict[str, n
         batch["weights"] = rng.uniform(0.1, 1.0, size=n).astype(np.float32)
     return batch
 
-
-def perturb_target(agent: DQNAgent, seed: int = 123) -> None:
-    """Make the target network differ from the online one, so double and plain targets differ."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in agent.target.parameters():
-            p.add_(0.5 * torch.randn(p.shape, generator=gen))
 
 
 def q_values(net: torch.nn.Module, obs: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from procs import REPO, Procs, log_tail, zmqrl_argv
+from rigs import perturb_target
 from zmqrl import cli
 from zmqrl import config as config_mod
 from zmqrl.agents.base import algorithm
@@ -65,12 +66,6 @@ def make_batch(n: int = 32, seed: int = 0, weights: bool = False) -> dict[str, n
         batch["weights"] = rng.uniform(0.1, 1.0, size=n).astype(np.float32)
     return batch
 
-
-def perturb_target(agent: IQNAgent, seed: int = 123) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in agent.target.parameters():
-            p.add_(0.5 * torch.randn(p.shape, generator=gen))
 
 
 def net_params(net: torch.nn.Module) -> list[torch.Tensor]:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from rigs import Rig, check_stream
 
+from rigs import Rig, check_stream
 from zmqrl.config import Config
 from zmqrl.roles.actor import MODEL_POLL_S, Actor
 from zmqrl.run.lifecycle import Every

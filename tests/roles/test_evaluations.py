@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import zmq
-from rigs import cartpole_batch, frames, in_process_learner
 
 from procs import wait_for
+from rigs import cartpole_batch, frames, in_process_learner
 from zmqrl.roles.evaluator import Evaluator
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from rigs import cartpole_batch, frames, in_process_learner, ingest_until, tcp
 
 from procs import Procs, role_env, wait_for, zmqrl_argv
+from rigs import cartpole_batch, frames, in_process_learner, ingest_until, tcp
 from zmqrl.agents.base import apex_epsilon
 from zmqrl.config import ConfigError
 from zmqrl.roles.addresses import free_port

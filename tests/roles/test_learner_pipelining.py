@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from rigs import cartpole_batch, frames, in_process_learner, ingest_until
 
 import zmqrl.roles.learner as learner_mod
+from rigs import cartpole_batch, frames, in_process_learner, ingest_until
 from zmqrl.agents.torch_util import flush_denormals
 from zmqrl.roles.learner import Learner
 from zmqrl.run.checkpoint import STATE_FILE
