@@ -28,15 +28,13 @@ import json
 import os
 import platform
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zmqrl.bench.harness import zmqrl_argv
+from zmqrl.bench.harness import Proc, zmqrl_argv
 from zmqrl.run.rundir import CONFIG_FILE, SUMMARY_FILE, read_json, write_json_atomic
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "pong_dqn_gpu.yaml"
@@ -82,25 +80,15 @@ def host_facts(device: str) -> dict[str, Any]:
     return facts
 
 
-def run_bounded(argv: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None) -> int | None:
-    """Run ``argv`` (its own process group, output to ``log``); stopped with SIGTERM, then SIGKILL, at
-    ``timeout_s``. Returns the exit code, or None when it had to be stopped."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        try:
-            return proc.wait(timeout=max(timeout_s, 1.0))
-        except subprocess.TimeoutExpired:
-            for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            return None
+def run_bounded(argv: list[str], log: Path, timeout_s: float) -> int | None:
+    """Run ``argv`` as the bench runs its processes (:class:`~zmqrl.bench.harness.Proc`: its own session,
+    output to ``log``), stopped with SIGTERM, then SIGKILL, at ``timeout_s``. Returns the exit code, or
+    None when it had to be stopped."""
+    proc = Proc(log.stem, argv, log.parent)
+    rc = proc.wait(max(timeout_s, 1.0))
+    if rc is None:
+        proc.stop(grace_s=20.0)
+    return rc
 
 
 def bench_rows(s: Sprint) -> list[dict[str, Any]]:
