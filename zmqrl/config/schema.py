@@ -45,6 +45,8 @@ class EnvConfig:
     num_envs: int = 4  # envs stepped together, one batched forward per step
     max_episode_steps: int | None = None  # overrides the registered time limit
     frame_stack: int = 4  # frames stacked by the frame_stack wrapper
+    backend: str = "auto"  # gymnasium, envpool, or auto: EnvPool for Atari ids where it is installed
+    threads: int = 1  # EnvPool worker threads per process (one actor per core: 1)
 
 
 @dataclass
@@ -88,6 +90,7 @@ class ReplayConfig:
     beta_steps: int = 20_000  # optimisation steps over which beta anneals to 1
     priority_eps: float = 1e-6  # added to |td error| before the exponent
     dedup_frames: bool = True  # store each distinct uint8 image frame of obs/next_obs once
+    compress: str = "none"  # none, lz4 or zstd: frames kept compressed in replay, decompressed when sampled
 
 
 @dataclass
@@ -150,6 +153,7 @@ class NetConfig:
     peer_idle_s: float = 600.0  # a sender silent this long may be forgotten to make room for a new one
     proxy_hold_ms: float = 10.0  # a proxy reads its actors' batches in bursts this far apart (0: each at once)
     proxy_merge: int = 32  # a proxy joins up to this many batches of a burst into one message (1: each as it came)
+    compress: str = "none"  # none, lz4 or zstd: image frames of batches compressed on the wire
     security: str = "none"  # none, or curve: CurveZMQ encryption plus a client-key allow-list on every socket
     keys_dir: str = ""  # directory of key files made by `zmqrl keygen` (needed for curve)
     server_key: str = "server"  # key pair that sockets which bind (learner, proxy) use: KEYS_DIR/NAME.key(_secret)
@@ -175,10 +179,13 @@ CHOICE_KEYS: dict[str, tuple[str, ...]] = {
     "run.wandb_mode": ("offline", "online", "disabled"),
     "actor.backend": ("auto", "numpy", "torch"),
     "net.security": ("none", "curve"),
+    "net.compress": ("none", "lz4", "zstd"),
+    "replay.compress": ("none", "lz4", "zstd"),
+    "env.backend": ("auto", "gymnasium", "envpool"),
 }
 POSITIVE_KEYS = {
     "run.torch_threads", "run.artifact_max_mb",
-    "env.num_envs", "env.frame_stack", "agent.gamma", "agent.n_step", "agent.batch_size",
+    "env.num_envs", "env.frame_stack", "env.threads", "agent.gamma", "agent.n_step", "agent.batch_size",
     "replay.capacity", "replay.beta_steps",
     "trainer.opt_interval", "trainer.max_opts", "trainer.eval_interval", "trainer.eval_episodes",
     "trainer.record_interval", "trainer.sync_interval", "actor.n_buffer", "actor.num_actors",
