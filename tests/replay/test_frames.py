@@ -109,9 +109,10 @@ def test_frame_bytes_ratio_is_under_goal_at_realistic_size() -> None:
     assert image_part(shared) / image_part(plain) < 0.35
 
 
-def test_fingerprint_collisions_never_share_different_frames() -> None:
+@pytest.mark.parametrize("compress", ["none", "lz4", "zstd"])
+def test_fingerprint_collisions_never_share_different_frames(compress: str) -> None:
     plain = UniformReplay(40, seed=0)
-    shared = UniformReplay(40, seed=0, frame_stack=STACK)
+    shared = UniformReplay(40, seed=0, frame_stack=STACK, compress=compress)
     shared.add({k: v[:1] for k, v in stacked_stream(5)[-1].items()})
     assert shared._pool is not None
     shared._pool._mult[:] = 0  # every frame now has fingerprint 0
@@ -166,8 +167,9 @@ def test_only_uint8_images_are_pooled_and_schema_is_still_checked() -> None:
     check_refcounts(images)
 
 
-def test_pool_release_frees_and_reuses_slots() -> None:
-    pool = FramePool((3, 3), np.dtype(np.uint8), reserve=2)
+@pytest.mark.parametrize("compress", ["none", "lz4", "zstd"])
+def test_pool_release_frees_and_reuses_slots(compress: str) -> None:
+    pool = FramePool((3, 3), np.dtype(np.uint8), reserve=2, compress=compress)
     frames = np.arange(4 * 9, dtype=np.uint8).reshape(4, 3, 3)
     slots = pool.intern(np.concatenate([frames, frames[:2]]))  # 4 distinct, two of them twice
     assert len(pool) == 4 and pool.high == 4  # grew past its reserve of 2
@@ -177,6 +179,7 @@ def test_pool_release_frees_and_reuses_slots() -> None:
     assert len(pool) == 2
     again = pool.intern(frames[3:])  # stored anew in a freed slot, not past the high-water mark
     assert pool.high == 4 and again[0] in slots[2:4]
+    np.testing.assert_array_equal(pool.gather(np.concatenate([slots[:2], again])), frames[[0, 1, 3]])
     with pytest.raises(RuntimeError, match="more references"):
         pool.release(np.array([slots[2], slots[2], slots[2]]))
 

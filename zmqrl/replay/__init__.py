@@ -19,14 +19,16 @@ __all__ = ["PRIORITY_CAP", "FramePool", "NStepBuilder", "PrioritizedReplay", "Sc
 
 
 def make_replay(capacity: int, prioritized: bool = False, seed: int | None = None, frame_stack: int = 0, *,
-                schema: Schema | None = None, **options: Any) -> UniformReplay:
+                schema: Schema | None = None, compress: str = "none", **options: Any) -> UniformReplay:
     """A :class:`PrioritizedReplay` if ``prioritized`` (``options``: its ``alpha``, ``beta0``, ``beta_steps``,
     ``eps`` and ``priority_cap``), else a :class:`UniformReplay` (which has no use for them).
 
-    ``frame_stack`` >= 1 stores each distinct image frame once (see ``UniformReplay``).
+    ``frame_stack`` >= 1 stores each distinct image frame once (see ``UniformReplay``), compressed
+    with ``compress`` ("lz4" or "zstd") if not "none".
     ``schema`` (key -> (dtype, per-item shape)) fixes the stored items from the start; without
     it the first batch does.
     """
     if prioritized:
-        return PrioritizedReplay(capacity, seed=seed, frame_stack=frame_stack, schema=schema, **options)
-    return UniformReplay(capacity, seed=seed, frame_stack=frame_stack, schema=schema)
+        return PrioritizedReplay(capacity, seed=seed, frame_stack=frame_stack, schema=schema, compress=compress,
+                                 **options)
+    return UniformReplay(capacity, seed=seed, frame_stack=frame_stack, schema=schema, compress=compress)

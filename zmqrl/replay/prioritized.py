@@ -46,8 +46,9 @@ class PrioritizedReplay(UniformReplay):
         *,
         schema: Schema | None = None,
         priority_cap: float = PRIORITY_CAP,
+        compress: str = "none",
     ) -> None:
-        super().__init__(capacity, seed, frame_stack, schema=schema)
+        super().__init__(capacity, seed, frame_stack, schema=schema, compress=compress)
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         if not 0 <= beta0 <= 1:

@@ -23,7 +23,7 @@ from zmqrl.replay.files import (
     encode_json,
     read_npz,
 )
-from zmqrl.replay.frames import FramePool
+from zmqrl.replay.frames import FramePool, check_codec
 
 Schema = Mapping[str, tuple[npt.DTypeLike, tuple[int, ...]]]  # key -> (dtype, per-item shape)
 _Layout = dict[str, tuple[tuple[int, ...], np.dtype]]  # the stored form: key -> (per-item shape, dtype)
@@ -57,14 +57,24 @@ class UniformReplay:
     along the first axis (a single frame per item if the shape does not match), and each
     distinct frame is stored once in a :class:`~zmqrl.replay.frames.FramePool`; the ring
     holds int32 frame slots for them. ``get`` and ``sample`` return the same arrays either way.
+    ``compress`` ("lz4" or "zstd") keeps the pool's frames compressed, decompressed when sampled;
+    it needs ``frame_stack`` >= 1 (``ConfigError`` naming ``replay.compress`` otherwise, or when
+    the codec is not installed) and does nothing for items without image frames.
     """
 
     def __init__(self, capacity: int, seed: int | None = None, frame_stack: int = 0, *,
-                 schema: Schema | None = None) -> None:
+                 schema: Schema | None = None, compress: str = "none") -> None:
         if int(capacity) < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if int(frame_stack) < 0:
             raise ValueError(f"frame_stack must be >= 0, got {frame_stack}")
+        check_codec(compress)
+        if compress != "none" and int(frame_stack) < 1:
+            from zmqrl.config import ConfigError  # (the config package is a leaf; imported only to report)
+
+            raise ConfigError(f"replay.compress={compress!r} needs replay.dedup_frames: true (only the frame "
+                              "pool's frames are compressed; frames stored as given are not)")
+        self._compress = compress
         self._capacity = int(capacity)
         self._frame_stack = int(frame_stack)
         self._schema: _Layout = {}
@@ -224,7 +234,7 @@ class UniformReplay:
     def _use_frames(self, keys: list[str], per_item: int, reserve: int) -> None:
         """An empty frame pool and zeroed slot rings for ``keys``, ``per_item`` frames per item."""
         shape, dtype = self._schema[keys[0]]
-        self._pool = FramePool(_frame_shape(shape, per_item), dtype, reserve)
+        self._pool = FramePool(_frame_shape(shape, per_item), dtype, reserve, compress=self._compress)
         self._frame_refs = {k: np.zeros((self._capacity, per_item), dtype=np.int32) for k in keys}
 
     # ------------------------------------------------------------------ reading
@@ -234,9 +244,11 @@ class UniformReplay:
         if idx.size and (idx.min() < 0 or idx.max() >= self._size):
             raise IndexError(f"indices must lie in [0, {self._size})")
         out = {k: v[idx] for k, v in self._storage.items()}
-        if self._pool is not None:
-            for key, refs in self._frame_refs.items():
-                out[key] = self._pool.gather(refs[idx]).reshape(idx.shape + self._schema[key][0])
+        if self._pool is not None:  # one gather for all frame keys: a compressed frame they share is unpacked once
+            keys = list(self._frame_refs)
+            frames = self._pool.gather(np.stack([self._frame_refs[k][idx] for k in keys]))
+            for i, key in enumerate(keys):
+                out[key] = frames[i].reshape(idx.shape + self._schema[key][0])
         return out
 
     def sample(self, batch_size: int) -> dict[str, np.ndarray]:
@@ -315,7 +327,7 @@ class UniformReplay:
         arrays.update({STORAGE_PREFIX + k: v for k, v in self._storage.items()})
         arrays.update({REFS_PREFIX + k: v for k, v in self._frame_refs.items()})
         if self._pool is not None:
-            arrays[FRAMES_KEY] = self._pool.frames[: self._pool.high]
+            arrays[FRAMES_KEY] = self._pool.frames_at(np.arange(self._pool.high))  # raw, compressed or not
         arrays.update(self._extra_arrays())
         arrays[STATE_KEY] = encode_json({**self.state_dict(), "frame_schema": frames}, "state")
         tmp = f"{path}.tmp"

@@ -92,7 +92,7 @@ def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, 
     stacked = any(w in STACKING_WRAPPERS for w in cfg.env.wrappers)
     frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1
     return make_replay(r.capacity, r.prioritized, seed=cfg.run.seed + 7, frame_stack=frame_stack, schema=spec,
-                       alpha=r.alpha, beta0=r.beta0, beta_steps=r.beta_steps, eps=r.priority_eps)
+                       compress=r.compress, alpha=r.alpha, beta0=r.beta0, beta_steps=r.beta_steps, eps=r.priority_eps)
 
 
 def prepare_run_dir(cfg: Config, run_dir: str | Path | None) -> Path:
