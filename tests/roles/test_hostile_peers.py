@@ -23,6 +23,7 @@ import torch
 import zmq
 
 from procs import Procs, wait_for
+from zmqrl import config
 from zmqrl.config import Config
 from zmqrl.replay import make_replay
 from zmqrl.roles.addresses import free_port
@@ -551,3 +552,66 @@ def test_a_learner_flooded_then_dropped_stops_cleanly(tmp_path: Path, procs: Pro
     rc = learner.proc.wait(60)
     assert rc == 0, procs.describe()
     assert summary_of(learner.run_dir)["stop_reason"] == "stopped by SIGTERM"
+
+
+# ------------------------------------------------------------------------- image frames sent once
+
+
+def catch_batch(n: int, seed: int) -> dict[str, np.ndarray]:
+    """``n`` consecutive Catch-shaped transitions of one env: each next_obs is the next obs."""
+    rng = np.random.default_rng(seed)
+    video = rng.integers(0, 2, (n + 1, 1, 84, 84), dtype=np.uint8) * 255
+    return {"obs": video[:-1], "action": rng.integers(0, 3, n), "reward": np.zeros(n, np.float32),
+            "next_obs": video[1:], "discount": np.full(n, 0.99, np.float32)}
+
+
+def test_hostile_compact_batches_are_refused_by_reason_and_honest_ones_after_them_go_in(
+        tmp_path: Path, zctx: zmq.Context) -> None:
+    """Frames sent once per batch: indices past the frames or negative, int64 or misshapen indices, more
+    frames than stacks, frames of another shape, lz4 that does not decompress, a zstd frame claiming
+    200 MB, and a million rows of indices into one frame (226 GB of stacks). Each is refused by reason
+    and counted in the summary; the honest compact batch after each goes into replay."""
+    pytest.importorskip("lz4.block")
+    zstandard = pytest.importorskip("zstandard")
+    from zmqrl.wire.compact import FrameCompactor
+
+    cfg = config.load(REPO / "configs" / "catch_dqn.yaml", ["run.log_level=warning", "trainer.warmup=100000"])
+    learner = in_process_learner(cfg, tmp_path / "run")
+    push = push_to(zctx, learner.endpoints["data"])
+    n = 16
+    plain_c, lz4_c, zstd_c = (FrameCompactor(("obs", "next_obs"), codec) for codec in ("none", "lz4", "zstd"))
+    arrays, _ = plain_c.compact(catch_batch(n, 0))
+    k = len(arrays["frames"])
+    lz4_arrays, lz4_meta = lz4_c.compact(catch_batch(n, 1))
+    zstd_arrays, zstd_meta = zstd_c.compact(catch_batch(n, 2))
+    bomb = np.frombuffer(zstandard.ZstdCompressor(level=1).compress(bytes(200 * 2**20)), np.uint8)
+    rows = 1_000_000
+    many = {"frames": arrays["frames"][:1], "obs_frames": np.zeros((rows, 1), np.int32),
+            "next_obs_frames": np.zeros((rows, 1), np.int32), "action": np.zeros(rows, np.int64),
+            "reward": np.zeros(rows, np.float32), "discount": np.zeros(rows, np.float32)}
+    hostile: list[tuple[str, dict[str, np.ndarray], dict[str, Any]]] = [
+        ("compact", {**arrays, "obs_frames": np.full((n, 1), k, np.int32)}, {}),
+        ("compact", {**arrays, "next_obs_frames": np.full((n, 1), -1, np.int32)}, {}),
+        ("compact", {**arrays, "obs_frames": arrays["obs_frames"].astype(np.int64)}, {}),
+        ("compact", {**arrays, "obs_frames": arrays["obs_frames"].reshape(n)}, {}),
+        ("compact", {**arrays, "frames": np.zeros((2 * n + 1, 84, 84), np.uint8)}, {}),
+        ("compact", {**arrays, "frames": np.zeros((k, 84, 83), np.uint8)}, {}),
+        ("compress", {**lz4_arrays, "frames_lz4": np.full(99, 3, np.uint8)}, lz4_meta),
+        ("compress", {**zstd_arrays, "frames_zstd": bomb}, zstd_meta),
+        ("size", many, {}),
+    ]
+    honest_batches = [catch_batch(n, 10 + i) for i in range(len(hostile))]
+    try:
+        for i, (_, bad, meta) in enumerate(hostile):
+            push.send_multipart(batch_frames(f"rogue-{i}", 0, bad, {"stats": {"env_steps": n}, **meta}))
+            good, good_meta = (plain_c, lz4_c, zstd_c)[i % 3].compact(honest_batches[i])
+            push.send_multipart(batch_frames("actor-0", i, good, {"stats": {"env_steps": n * (i + 1)}, **good_meta}))
+        ingest_until(learner, lambda: learner.batches == len(hostile))
+        counts = learner.receiver.rejected
+        assert dict(counts) == {"compact": 6, "compress": 2, "size": 1}, counts
+        assert len(learner.replay) == n * len(hostile) and learner.receiver.compact_batches == len(hostile)
+        summary = learner.summary_extra()
+        assert summary["messages"]["rejected"]["compress"] == 2 and summary["wire"]["compact_batches"] == len(hostile)
+    finally:
+        push.close(linger=0)
+        learner.close()

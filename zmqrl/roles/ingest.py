@@ -10,7 +10,10 @@ memory stays bounded everywhere.
 
 Every batch is checked against the run's batch spec (fields, dtypes, item shapes follow from the
 config's env spaces and algorithm) before it reaches replay, so no batch — whoever sends it and
-whenever — can fix or break what replay stores.
+whenever — can fix or break what replay stores. A batch whose image frames came once
+(:mod:`zmqrl.wire.compact`: ``frames`` and per-field indices, maybe compressed) has its stacks
+rebuilt here, every size bounded first (a decompression bomb or an index past its frames is
+refused as ``compress`` or ``compact``), and is then checked like any other.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from zmqrl.wire import (
     peer_key,
     unbundle,
 )
+from zmqrl.wire.compact import FRAMES_META, expand, is_compact
 
 log = logging.getLogger("zmqrl")
 
@@ -134,6 +138,9 @@ class Receiver:
         self.rejected: collections.Counter[str] = collections.Counter()
         self.bytes = 0
         self.bundles = 0  # proxies' bundles taken apart (their batches are counted as batches)
+        self.rows = 0  # transitions of the batches received (``bytes / rows``: bytes per transition on the wire)
+        self.compact_batches = 0  # batches that came with image frames once (and their frames)
+        self.frames = 0
         self.waited_s = 0.0  # how long the last receive waited for a first message
         self.ratelog = RateLimitedLog(log, interval=10.0)
 
@@ -183,11 +190,16 @@ class Receiver:
     def _decode(self, frames: list[Any], lim: Any, where: str) -> list[Message]:
         """The message ``frames`` hold (a bundle's batches, taken apart), less what is refused."""
         sender = "?"
+        compact = False
         try:
             msg = decode(frames, lim)
             sender = msg.sender
-            rows = check_batch_spec(msg, self.spec) if msg.kind in (BATCH, BUNDLE) else 0
-            parts = unbundle(msg, rows) if msg.kind == BUNDLE else [msg]
+            compact = msg.kind in (BATCH, BUNDLE) and is_compact(msg.arrays)
+            if compact:  # frames once: each batch taken apart and its stacks rebuilt on its own, below
+                parts = unbundle(msg) if msg.kind == BUNDLE else [msg]
+            else:
+                rows = check_batch_spec(msg, self.spec) if msg.kind in (BATCH, BUNDLE) else 0
+                parts = unbundle(msg, rows) if msg.kind == BUNDLE else [msg]
         except WireError as exc:
             self.refuse(exc.reason, where, sender, str(exc))
             return []
@@ -199,7 +211,11 @@ class Receiver:
         self.bytes += msg.nbytes
         if msg.kind not in (BATCH, BUNDLE):
             return parts
-        whole = self.values.problem(msg.arrays)  # one pass over a bundle; part by part only if it fails
+        if compact:
+            parts = self._expand(parts, where)
+        self.rows += sum(len(part.arrays["reward"]) if "reward" in part.arrays else 0 for part in parts)
+        # one pass over a bundle; part by part only if it fails (compact ones: part by part)
+        whole = self.values.problem(msg.arrays) if not compact else ""
         kept = []
         for part in parts:
             problem = None if whole is None else self.values.problem(part.arrays)
@@ -212,6 +228,35 @@ class Receiver:
             else:
                 kept.append(part)
         return kept
+
+    def wire_stats(self) -> dict[str, Any]:
+        """What batches cost on the wire: bytes per transition received, and the batches that brought
+        their image frames once (with frames per transition among them)."""
+        return {"transitions": self.rows, "bytes_per_transition": round(self.bytes / max(self.rows, 1), 1),
+                "compact_batches": self.compact_batches, "frames": self.frames}
+
+    def _expand(self, parts: list[Message], where: str) -> list[Message]:
+        """Compact batches (image frames once, :mod:`zmqrl.wire.compact`) with their stacks rebuilt
+        and checked against the run's batch spec; each one that does not fit is refused on its own."""
+        out = []
+        for part in parts:
+            try:
+                full = expand(part, self.spec, self.data_limits)
+                check_batch_spec(full, self.spec)
+            except WireError as exc:
+                self.refuse(exc.reason, where, part.sender, f"batch {part.seq}: {exc}")
+                continue
+            self.compact_batches += 1
+            raw = part.arrays.get("frames")
+            self.frames += len(raw) if raw is not None else _frame_count(part)
+            out.append(full)
+        return out
+
+
+def _frame_count(part: Message) -> int:
+    """Frames a compact batch brought (a compressed one says how many in its meta)."""
+    count = part.meta.get(FRAMES_META)
+    return count if type(count) is int else 0
 
 
 def _groups(batches: list[Message]) -> list[list[Message]]:

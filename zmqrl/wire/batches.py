@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .codec import Spec, check_ids, encode, is_int, pack, packed_frame, short_repr
+from .compact import FRAME_ARRAYS
 from .protocol import (
     BATCH,
     BUNDLE,
@@ -28,13 +29,16 @@ from .protocol import (
 
 
 def _batch_size(arrays: Mapping[str, np.ndarray]) -> int:
-    """Common leading length of batch arrays (0 for no arrays); WireError("shape") otherwise."""
+    """Common leading length of batch arrays (0 for no arrays); WireError("shape") otherwise. A
+    compact batch's frames (:data:`~zmqrl.wire.compact.FRAME_ARRAYS`) count frames, not rows: they
+    need a leading dimension but no particular length."""
     sizes: dict[str, int] = {}
     for name, array in arrays.items():
         shape = np.shape(array)
         if not shape:
             raise WireError("shape", f"batch array {name!r} has no leading (batch) dimension")
-        sizes[name] = int(shape[0])
+        if name not in FRAME_ARRAYS:
+            sizes[name] = int(shape[0])
     if len(set(sizes.values())) > 1:
         raise WireError("shape", f"batch arrays have unequal leading lengths: {sizes}")
     return next(iter(sizes.values()), 0)
@@ -114,12 +118,17 @@ BUNDLE_META_DEPTH = MAX_META_DEPTH - 3  # a part's meta sits three containers de
 def batch_layout(specs: Sequence[Spec]) -> tuple[tuple[Any, ...], int] | None:
     """A batch's layout (each array's name, dtype and item shape) and its length, from the specs
     :func:`peek` returns; None when its arrays could not be joined with others' (none at all, one
-    without a leading dimension, unequal leading lengths, no rows)."""
+    without a leading dimension, unequal leading lengths, no rows). A compact batch's frames
+    (:data:`~zmqrl.wire.compact.FRAME_ARRAYS`) may have any leading length."""
     if not specs:
         return None
     n = -1
-    for _, _, shape, _ in specs:
-        if not shape or (n >= 0 and shape[0] != n):
+    for name, _, shape, _ in specs:
+        if not shape:
+            return None
+        if name in FRAME_ARRAYS:  # a compact batch's frames: its own length, recorded per part
+            continue
+        if n >= 0 and shape[0] != n:
             return None
         n = shape[0]
     if n <= 0:
@@ -132,19 +141,24 @@ def encode_bundle(sender: str, incarnation: str, seq: int,
                   limits: Limits = DEFAULT_LIMITS) -> list[bytes]:
     """One packed frame joining BATCH messages of one layout: ``parts`` holds each one's header
     (as :func:`peek` returns it), its views (header first, then its arrays' bytes) and its length.
-    Each array's bytes are the parts' bytes end to end; meta lists whose rows are whose.
+    Each array's bytes are the parts' bytes end to end; meta lists whose rows are whose (and, for
+    compact batches, whose frames: a seventh entry per part, ``{frames array: its length}``).
     Raises WireError when the parts' layouts differ or the header would exceed the limit."""
     if not parts:
         raise WireError("shape", "a bundle needs at least one batch")
     first = parts[0][0]["arrays"]
     total = sum(n for _, _, n in parts)
-    entries = [[name, dtype, [total, *shape[1:]]] for name, dtype, shape in first]
     layout = [(name, dtype, shape[1:]) for name, dtype, shape in first]
     for header, _, _ in parts[1:]:
         if [(name, dtype, shape[1:]) for name, dtype, shape in header["arrays"]] != layout:
             raise WireError("schema", f"batch from {header['sender']!r} has another array layout than "
                                       f"{parts[0][0]['sender']!r}'s: they cannot share a bundle")
-    meta = {"parts": [[h["sender"], h["inc"], h["seq"], h["ver"], n, h["meta"]] for h, _, n in parts]}
+    side = [name for name, _, _ in first if name in FRAME_ARRAYS]  # leading lengths of their own, per part
+    lengths = [{name: shape[0] for name, _, shape in h["arrays"] if name in FRAME_ARRAYS} for h, _, _ in parts]
+    entries = [[name, dtype, [sum(p[name] for p in lengths) if name in side else total, *shape[1:]]]
+               for name, dtype, shape in first]
+    meta = {"parts": [[h["sender"], h["inc"], h["seq"], h["ver"], n, h["meta"], *([own] if side else [])]
+                      for (h, _, n), own in zip(parts, lengths, strict=True)]}
     data = json.dumps({"p": PROTOCOL_NAME, "v": PROTOCOL_VERSION, "kind": BUNDLE, "sender": sender,
                        "inc": incarnation, "seq": seq, "ver": NO_VERSION, "arrays": entries, "meta": meta},
                       separators=(",", ":")).encode("utf-8")
@@ -161,6 +175,9 @@ def unbundle(msg: Message, rows: int | None = None) -> list[Message]:
     if type(parts) is not list or not parts:
         raise WireError("meta", "a bundle's meta must be {\"parts\": [[sender, inc, seq, ver, n, meta], ...]}")
     total = check_batch(msg) if rows is None else rows
+    side = {k: int(a.shape[0]) for k, a in msg.arrays.items() if k in FRAME_ARRAYS}
+    if side:
+        return _unbundle_compact(msg, parts, total, side)
     row_bytes = msg.nbytes // total if total else 0
     out: list[Message] = []
     lo = 0
@@ -179,6 +196,39 @@ def unbundle(msg: Message, rows: int | None = None) -> list[Message]:
         lo = hi
     if lo != total:
         raise WireError("shape", f"bundle parts hold {lo} rows, its arrays {total}")
+    return out
+
+
+def _unbundle_compact(msg: Message, parts: list[Any], total: int, side: dict[str, int]) -> list[Message]:
+    """:func:`unbundle` of compact batches: each part also names its share of the frames arrays
+    (``side``: their leading lengths), ``[sender, inc, seq, ver, n, meta, {name: length}]``."""
+    out: list[Message] = []
+    lo = 0
+    starts = dict.fromkeys(side, 0)
+    for i, part in enumerate(parts):
+        if type(part) is not list or len(part) != 7:
+            raise WireError("meta", f"bundle part {i} must be [sender, inc, seq, ver, n, meta, {{frames: length}}]")
+        sender, inc, seq, ver, n, meta, own = part
+        check_ids(sender, inc, seq, ver, "meta", f"bundle part {i}: ")
+        if not is_int(n) or not 0 < n <= total - lo:
+            raise WireError("shape", f"bundle part {i} claims {short_repr(n)} rows; {total - lo} of {total} are left")
+        if not isinstance(meta, dict):
+            raise WireError("meta", f"bundle part {i}: meta must be a JSON object")
+        if type(own) is not dict or own.keys() != side.keys():
+            raise WireError("meta", f"bundle part {i} must give its length of each of {sorted(side)}")
+        spans = {}
+        for name, length in own.items():
+            if not is_int(length) or not 0 <= length <= side[name] - starts[name]:
+                raise WireError("shape", f"bundle part {i} claims {short_repr(length)} of {name!r}; "
+                                         f"{side[name] - starts[name]} of {side[name]} are left")
+            spans[name] = (starts[name], starts[name] + length)
+            starts[name] += length
+        hi = lo + n
+        arrays = {k: a[slice(*spans[k])] if k in spans else a[lo:hi] for k, a in msg.arrays.items()}
+        out.append(Message(BATCH, sender, inc, seq, ver, arrays, meta, sum(a.nbytes for a in arrays.values())))
+        lo = hi
+    if lo != total or starts != side:
+        raise WireError("shape", f"bundle parts hold {lo} rows and {starts} frames, its arrays {total} and {side}")
     return out
 
 

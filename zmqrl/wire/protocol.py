@@ -14,7 +14,10 @@ A message is a ZeroMQ multipart message ``[header, buffer0, buffer1, ...]``:
 A BUNDLE is a proxy's join of several actors' BATCH messages of one array layout: each array
 is theirs end to end, and ``meta`` is ``{"parts": [[sender, inc, seq, ver, n, meta], ...]}``,
 one entry per batch in order (its header's fields and its ``n`` rows), which the learner splits
-back into those batches (:func:`~zmqrl.wire.batches.unbundle`).
+back into those batches (:func:`~zmqrl.wire.batches.unbundle`). A batch may carry its image
+frames once (:mod:`~zmqrl.wire.compact`): a ``frames`` array (or ``frames_lz4`` / ``frames_zstd``)
+whose leading length is its frame count, not its row count; a bundle's part then has a seventh
+entry, ``{array name: length}``, saying how many of those leading entries are its own.
 
 Nothing in this package ever unpickles data: arrays are rebuilt with
 ``numpy.frombuffer`` from an allow-list of plain little-endian numeric dtypes.
@@ -73,7 +76,8 @@ DEFAULT_COPY_THRESHOLD = 64 * 1024  # frames at least this large are sent zero-c
 
 # Short codes carried by ``WireError.reason``.
 REASONS: frozenset[str] = frozenset(
-    {"frames", "header", "protocol", "version", "kind", "dtype", "shape", "size", "meta", "schema"}
+    {"frames", "header", "protocol", "version", "kind", "dtype", "shape", "size", "meta", "schema", "compact",
+     "compress"}
 )
 
 
@@ -93,6 +97,9 @@ class WireError(ValueError):
     ``size``     a frame length that does not match its array, or a size limit
     ``meta``     meta is not a (shallow enough) JSON object
     ``schema``   a well-formed batch whose fields, dtypes or item shapes are not this run's
+    ``compact``  a batch of frames sent once (:mod:`~zmqrl.wire.compact`) whose frames or indices
+                 do not fit the run's images or each other
+    ``compress`` compressed frames that do not decompress to exactly the size announced
     """
 
     def __init__(self, reason: str, message: str) -> None:
