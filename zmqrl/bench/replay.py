@@ -6,12 +6,15 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.bench.harness import Context, Row, load_config, make_row, transition_pool
+from zmqrl.bench.harness import Context, Row, calls_per_second, load_config, make_row, median, transition_pool
 from zmqrl.replay.uniform import UniformReplay
 
 CONFIG = "cartpole_dqn.yaml"
 ATARI_CONFIG = "pong_dqn.yaml"
 ATARI_CAPACITY = 1_000_000  # the replay size of Ape-X, Dopamine and border's IQN: what a user plans RAM for
+ATARI_STREAM = 4096  # real Pong transitions streamed into each replay (about one distinct frame each)
+GIB_PER_MILLION = 2**30 / ATARI_CAPACITY  # bytes per transition of a 1M replay in 1 GiB: replay.compress's goal
+SAMPLE_BATCH = 256  # the GPU sprint's batch
 NOISE_FRAMES_ID = "zmqrl/NoiseFrames-v0"
 
 
@@ -79,31 +82,70 @@ def run(c: Context) -> list[Row]:
                          f"{frames_cfg.agent.n_step}-step), {kind} replay of {capacity} after "
                          f"{len(stream['reward'])} adds: {pooled}; baseline = obs + next_obs stacks",
                          ("<=", 0.35)))
-    rows.append(_atari_row(c))
+    rows.extend(_atari_rows(c))
     return rows
 
 
-def _atari_row(c: Context) -> Row:
-    """Bytes per transition of a full replay of real Pong frames at Atari's usual capacity of 1M.
+def _atari_rows(c: Context) -> list[Row]:
+    """Bytes per transition of a full replay of real Pong frames at Atari's usual capacity of 1M,
+    with frames stored raw and compressed (``replay.compress`` lz4 and zstd), and what compression
+    costs: sample(256) time and insert rate against the raw pool.
 
     The ring arrays are allocated for every slot at once; the frame pool grows with the distinct
     frames held, measured here per transition over a stream of real games (random actions through
-    the shipped config's ``atari`` chain and n-step builder).
+    the shipped config's ``atari`` chain and n-step builder) and extrapolated to 1M transitions.
     """
+    import time
+
     from zmqrl.run.startup import make_replay_from
 
     path = c.configs(ATARI_CONFIG)[0]
     cfg = load_config(path, f"replay.capacity={ATARI_CAPACITY}", "env.num_envs=8")
-    replay = make_replay_from(cfg)
-    assert isinstance(replay, UniformReplay)  # (both kinds are: their sizes are what this row reads)
-    stream = transition_pool(cfg, 4096)
-    for i in range(0, len(stream["reward"]), 64):
-        replay.add({k: v[i:i + 64] for k, v in stream.items()})
-    fixed = (replay.nbytes - replay.frames_nbytes) / replay.capacity  # ring + priorities, per slot
-    per_item = fixed + replay.frames_nbytes / len(replay)
+    stream = transition_pool(cfg, ATARI_STREAM)
     stacks = stream["obs"][0].nbytes + stream["next_obs"][0].nbytes
-    return make_row("replay_bytes_atari", per_item, stacks, "bytes/transition",
-                    f"{path.name} ({cfg.env.id}, {cfg.env.frame_stack}x84x84 uint8, {cfg.agent.n_step}-step) at "
-                    f"capacity {ATARI_CAPACITY:,}: {fixed:.0f} B per slot + {per_item - fixed:.0f} B of frames per "
-                    f"transition; a full replay is about {per_item * ATARI_CAPACITY / 2**30:.1f} GiB; "
-                    "baseline = obs + next_obs stacks", ("<=", 0.35))
+    seconds = max(0.5, c.settings.actor_s)
+    sizes: dict[str, tuple[float, float]] = {}  # codec -> (bytes per slot of the ring, bytes per transition)
+    sample_ms: dict[str, list[float]] = {}
+    insert: dict[str, float] = {}
+    replays = {}
+    for codec in ("none", "lz4", "zstd"):
+        cfg.replay.compress = codec
+        replay = make_replay_from(cfg)
+        assert isinstance(replay, UniformReplay)  # (both kinds are: their sizes are what this row reads)
+        start = time.perf_counter()
+        for i in range(0, ATARI_STREAM, 64):
+            replay.add({k: v[i:i + 64] for k, v in stream.items()})
+        insert[codec] = ATARI_STREAM / (time.perf_counter() - start)
+        fixed = (replay.nbytes - replay.frames_nbytes) / replay.capacity  # ring + priorities, per slot
+        sizes[codec] = (fixed, fixed + replay.frames_nbytes / len(replay))
+        replays[codec] = replay
+        sample_ms[codec] = []
+    for _ in range(max(2, c.settings.reps)):  # alternated: the machine's drift falls on every codec alike
+        for codec, replay in replays.items():
+            sample_ms[codec].append(1e3 / calls_per_second(lambda r=replay: r.sample(SAMPLE_BATCH), seconds))
+    fixed, raw_item = sizes["none"]
+    kind = "prioritized" if cfg.replay.prioritized else "uniform"
+    rows = [make_row("replay_bytes_atari", raw_item, stacks, "bytes/transition",
+                     f"{path.name} ({cfg.env.id}, {cfg.env.frame_stack}x84x84 uint8, {cfg.agent.n_step}-step) at "
+                     f"capacity {ATARI_CAPACITY:,}: {fixed:.0f} B per slot + {raw_item - fixed:.0f} B of frames per "
+                     f"transition; a full replay is about {raw_item * ATARI_CAPACITY / 2**30:.1f} GiB; "
+                     "baseline = obs + next_obs stacks", ("<=", 0.35))]
+    base_ms = median(sample_ms["none"])
+    for codec in ("lz4", "zstd"):
+        fixed, item = sizes[codec]
+        pool = replays[codec]._pool
+        frame_bytes = pool.compressed_nbytes / max(1, len(pool)) if pool is not None else 0.0
+        rows.append(make_row(f"replay_bytes_atari_{codec}", item, GIB_PER_MILLION, "bytes/transition",
+                             f"as replay_bytes_atari with replay.compress={codec}: {fixed:.0f} B per slot + "
+                             f"{item - fixed:.0f} B of frames per transition ({frame_bytes:.0f} B a compressed frame, "
+                             f"{7056 / max(frame_bytes, 1):.0f}x); a full replay is about "
+                             f"{item * ATARI_CAPACITY / 2**30:.2f} GiB (raw: {raw_item * ATARI_CAPACITY / 2**30:.1f}); "
+                             "baseline = 1 GiB for 1M transitions", ("<=", 1.0)))
+        ms = median(sample_ms[codec])
+        windows, raw_windows = (", ".join(f"{v:.2f}" for v in sample_ms[k]) for k in (codec, "none"))
+        rows.append(make_row(f"replay_sample_atari_{codec}", ms, base_ms, "ms/sample",
+                             f"{kind} replay.sample({SAMPLE_BATCH}) of {ATARI_STREAM} real Pong transitions with "
+                             f"replay.compress={codec}: +{ms - base_ms:.2f} ms a batch over raw frames (medians of "
+                             f"{len(sample_ms[codec])} alternated windows: {windows} vs {raw_windows}); insert "
+                             f"{insert[codec]:,.0f} transitions/s vs {insert['none']:,.0f} raw, in adds of 64"))
+    return rows
