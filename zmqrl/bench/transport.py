@@ -1,5 +1,6 @@
 """Transport group: batches/s through the real proxy vs a relay inside libzmq, and vs direct PUSH->PULL;
-and the proxy's CPU per batch when one actor sends at an actor's pace, with its hold and without."""
+the proxy's CPU per batch when one actor sends at an actor's pace, with its hold and without; and the
+bytes per transition real Pong batches take on the wire, full stacks vs frames once (plain, lz4, zstd)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from zmqrl.bench.harness import (
     free_addr,
     make_row,
     median,
+    skipped_row,
     zmqrl_argv,
 )
 from zmqrl.bench.procfs import cpu_seconds
@@ -271,4 +273,96 @@ def run(c: Context) -> list[Row]:
         proxy.stop(10.0)
         relay_proc.stop(10.0)
         rows.append(paced_row(c, procs, common, path))
+    rows += frames_rows(c)
+    return rows
+
+
+# --------------------------------------------------------------------------- image frames on the wire
+
+FRAME_GOAL = 1.1  # frames' bytes per transition on the wire (uncompressed), the compact format's goal
+
+
+def pong_transitions(n: int, seed: int = 1, config: str = "configs/pong_dqn.yaml"
+                     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """``n`` transitions of the shipped Pong config's actor (its acting loop: 4 envs, 3-step, priorities)
+    in the order an actor batches them, and the run's batch spec."""
+    from zmqrl.config import load
+    from zmqrl.run.acting import ActingLoop, make_task
+
+    cfg = load(config, [])
+    task = make_task(cfg)
+    loop = ActingLoop(cfg, task.policy(seed, backend=cfg.actor.backend), task.exploration(0), seed, priorities=True)
+    parts, got = [], 0
+    try:
+        while got < n:
+            acted = loop.step()
+            if acted.transitions is not None:
+                parts.append(acted.transitions)
+                got += len(acted.transitions["reward"])
+    finally:
+        loop.close()
+    return dict(task.batch_spec()), {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
+
+
+def wire_figures(spec: dict[str, Any], batch: dict[str, np.ndarray], n_buffer: int, reps: int = 3
+                 ) -> dict[str, dict[str, float]]:
+    """Per way of sending (full stacks, compact, compact + lz4, compact + zstd): bytes per transition of
+    the encoded BATCH messages of ``n_buffer`` transitions each (header included), frames per transition,
+    and the actor's encode plus the learner's decode (and stack rebuild) in us per transition (best of ``reps``)."""
+    from zmqrl.wire import DEFAULT_COPY_THRESHOLD, BatchEncoder, decode
+    from zmqrl.wire.compact import FrameCompactor, expand, image_fields
+
+    fields = image_fields(spec)
+    batches = [{k: v[lo:lo + n_buffer] for k, v in batch.items()}
+               for lo in range(0, len(batch["reward"]) - n_buffer + 1, n_buffer)]
+    transitions = n_buffer * len(batches)
+    frame_bytes = int(np.prod(spec[fields[0]][1][1:]))
+    out: dict[str, dict[str, float]] = {}
+    for way in ("full", "none", "lz4", "zstd"):
+        best, wire = float("inf"), 0
+        for _ in range(reps):
+            compactor = FrameCompactor(fields, "none" if way == "full" else way)
+            encoder = BatchEncoder("actor-0", "inc", pack_below=DEFAULT_COPY_THRESHOLD)
+            wire = 0
+            started = time.perf_counter()
+            for seq, part in enumerate(batches):
+                arrays, meta = (part, {}) if way == "full" else compactor.compact(part)
+                frames = [bytes(f) for f in encoder.encode(seq, 0, arrays, {"explore": 0.1, **meta})]
+                wire += sum(len(f) for f in frames)
+                msg = expand(decode(frames), spec)
+                assert np.array_equal(msg.arrays["next_obs"], part["next_obs"])
+            best = min(best, time.perf_counter() - started)
+        out[way] = {"bytes_per_transition": wire / transitions, "frames_bytes": wire / transitions / frame_bytes,
+                    "frames_per_transition": 2 * int(spec[fields[0]][1][0]) if way == "full"
+                    else compactor.frames / max(compactor.transitions, 1),
+                    "us_per_transition": best / transitions * 1e6}
+    return out
+
+
+def frames_rows(c: Context) -> list[Row]:
+    """Bytes per transition on the wire for real Pong batches: full stacks vs compact vs compact + lz4 vs
+    compact + zstd, at the shipped n_buffer (32) and at 128."""
+    try:
+        import ale_py  # noqa: F401
+    except ImportError:
+        return [skipped_row("wire_pong_frames_32", "frames' bytes", "ale-py is not installed", ("<=", 1.0))]
+    n = 2048 if c.settings.reps > 1 else 1024
+    spec, batch = pong_transitions(n, config=str(c.configs("pong_dqn.yaml")[0]))
+    rows = []
+    for n_buffer in (32, 128):
+        fig = wire_figures(spec, batch, n_buffer, reps=max(1, c.settings.reps))
+        note = ", ".join(f"{way}: {f['bytes_per_transition']:,.0f} B ({f['frames_per_transition']:.2f} frames, "
+                         f"{f['us_per_transition']:.1f} us encode+decode)" for way, f in fig.items())
+        rows.append(make_row(
+            f"wire_pong_frames_{n_buffer}", fig["none"]["frames_bytes"], FRAME_GOAL, "frames' bytes",
+            f"{n} Pong transitions of the shipped config's actor (4 envs, 3-step) in BATCH messages of {n_buffer}, "
+            f"frames' bytes per transition on the wire, compact, uncompressed, vs the goal {FRAME_GOAL}; per "
+            f"transition: {note}", ("<=", 1.0)))
+        for way in ("lz4", "zstd"):
+            rows.append(make_row(
+                f"wire_pong_bytes_{way}_{n_buffer}", fig[way]["bytes_per_transition"],
+                fig["full"]["bytes_per_transition"], "bytes",
+                f"bytes per transition on the wire, compact + {way} (net.compress={way}) vs full stacks, "
+                f"batches of {n_buffer}: encode+decode {fig[way]['us_per_transition']:.1f} us per transition "
+                f"vs {fig['full']['us_per_transition']:.1f}"))
     return rows
