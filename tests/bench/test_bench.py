@@ -328,11 +328,15 @@ def test_replay_rows(tmp_path: Path) -> None:
     out = tmp_path / "replay.json"
     assert bench.main(["--only", "replay", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert [r["name"] for r in rows] == ["replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari"]
+    assert [r["name"] for r in rows] == ["replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari",
+                                         "replay_bytes_atari_lz4", "replay_sample_atari_lz4",
+                                         "replay_bytes_atari_zstd", "replay_sample_atari_zstd"]
     for row in rows:
         check_schema(row)
         check_verdict(row)
-        assert positive_finite(row["ratio"]) and row["met"] is not None
+        assert positive_finite(row["ratio"]) and (row["met"] is not None) == row["name"].startswith("replay_bytes")
+    for row in rows[3::2]:  # replay.compress: a 1M Pong replay in under 1 GiB
+        assert row["met"] and row["ratio"] < 0.6 and "GiB" in row["note"], row
     frames = rows[1]
     assert frames["baseline"] == 2 * 4 * 84 * 84  # obs and next_obs stacks of one transition
     assert 84 * 84 / frames["baseline"] < frames["ratio"] < 0.35  # about one frame per transition is kept
