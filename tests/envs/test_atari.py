@@ -15,7 +15,7 @@ from zmqrl.envs.stepper import VectorStepper
 pytest.importorskip("ale_py")
 
 INVADERS = EnvConfig(id="ALE/SpaceInvaders-v5", kwargs={"frameskip": 1, "repeat_action_probability": 0.0},
-                     wrappers=["atari"], frame_stack=4)
+                     wrappers=["atari"], frame_stack=4, backend="gymnasium")
 
 
 def _layers(env):  # type: ignore[no-untyped-def]
@@ -63,7 +63,7 @@ def test_atari_chain_gives_stacked_uint8_frames_and_training_only_wrappers() -> 
 
 def test_atari_wrapper_refuses_an_env_that_skips_frames_itself() -> None:
     with pytest.raises(ConfigError, match="frameskip: 1"):
-        make_env(EnvConfig(id="ALE/Pong-v5", wrappers=["atari"]))
+        make_env(EnvConfig(id="ALE/Pong-v5", wrappers=["atari"], backend="gymnasium"))
 
 
 def test_frame_skip_max_pools_the_last_two_frames() -> None:
@@ -172,6 +172,7 @@ def test_an_atari_vector_resumes_exactly_from_its_saved_state(tmp_path) -> None:
     from zmqrl.run.checkpoint import read_tree, write_tree
 
     sticky = EnvConfig(id="ALE/SpaceInvaders-v5", kwargs={"frameskip": 1, "repeat_action_probability": 0.25},
+                       backend="gymnasium",
                        wrappers=["atari"], frame_stack=4)
     rng = np.random.default_rng(0)
     original = make_vector_env(sticky, 2, seed=1)

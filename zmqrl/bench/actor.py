@@ -90,12 +90,12 @@ def models(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
 def _bare_loop(actor: Any, seconds: float) -> float:
     """Env steps/s of the actor's own acting loop (vector env, policy, n-step builder): no sockets, no batching."""
     loop = actor.loop
-    n, start = 0, time.perf_counter()
+    n, calls, start = 0, 0, time.perf_counter()
     deadline = start + seconds
     while True:
-        loop.step()
-        n += loop.num_envs
-        if n % 256 == 0 and time.perf_counter() >= deadline:
+        n += loop.step().env_steps  # (an EnvPool env that was resetting took none)
+        calls += 1
+        if calls % 64 == 0 and time.perf_counter() >= deadline:
             return n / (time.perf_counter() - start)
 
 

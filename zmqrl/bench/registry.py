@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 GROUPS: dict[str, str] = {  # name -> module whose run(ctx) returns the group's rows; the suite runs them in this order
     "replay": "zmqrl.bench.replay",
+    "envs": "zmqrl.bench.envs",
     "actor": "zmqrl.bench.actor",
     "transport": "zmqrl.bench.transport",
     "learner": "zmqrl.bench.learner",

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from zmqrl.config import Config, EnvConfig
-from zmqrl.envs.factory import make_env
+from zmqrl.envs.factory import make_eval_vector
 
 
 class GreedyEvaluator:
@@ -24,8 +23,7 @@ class GreedyEvaluator:
                  epsilon: float = 0.0) -> None:
         if seeds and len(seeds) != episodes:
             raise ValueError(f"GreedyEvaluator: {len(seeds)} seeds for {episodes} episodes")
-        self.vec = SyncVectorEnv([lambda: make_env(cfg, training=False) for _ in range(episodes)],
-                                 autoreset_mode=AutoresetMode.SAME_STEP)
+        self.vec = make_eval_vector(cfg, episodes)
         self.episodes = episodes
         self.seed = seed
         self.seeds = [int(s) for s in seeds]

@@ -1,5 +1,7 @@
 """Environments from config: a gymnasium id (or ``module:factory``), wrappers, and a vector of envs
-with per-index seeds, in gymnasium's *same-step* autoreset mode (see :mod:`zmqrl.envs.stepper`)."""
+with per-index seeds, in gymnasium's *same-step* autoreset mode (see :mod:`zmqrl.envs.stepper`);
+or, for Atari where ``env.backend`` picks it, an EnvPool pool with the same semantics
+(:mod:`zmqrl.envs.pool`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from zmqrl.config import ConfigError, EnvConfig
-from zmqrl.envs import atari
+from zmqrl.envs import atari, pool
+from zmqrl.envs.stepper import VectorStepper
 
 
 def _atari(env: gym.Env, cfg: EnvConfig) -> gym.Env:
@@ -76,8 +79,11 @@ def register_namespace(env_id: str) -> None:
 def make_env(cfg: EnvConfig, training: bool = True) -> gym.Env:
     """One environment with the configured wrappers (seeded later, at reset).
 
-    ``training=False`` builds it as evaluation sees it (see :data:`EVAL_WRAPPERS`).
+    ``training=False`` builds it as evaluation sees it (see :data:`EVAL_WRAPPERS`). An env that
+    renders (``render_mode`` in ``env.kwargs``, as ``zmqrl enjoy --video`` asks) is always gymnasium's.
     """
+    if "render_mode" not in cfg.kwargs and pool.uses_pool(cfg):
+        return pool.PoolEnv(cfg, training=training)
     kwargs: dict[str, Any] = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
@@ -110,6 +116,21 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> SyncVectorEnv:
         env.action_space.seed(seed + i)
         env.observation_space.seed(seed + i)
     return vec
+
+
+def make_stepper(cfg: EnvConfig, num_envs: int, seed: int) -> VectorStepper | pool.PoolStepper:
+    """The training envs an acting loop steps: ``num_envs`` of them, env ``i`` seeded ``seed + i``."""
+    if pool.uses_pool(cfg):
+        return pool.PoolStepper(cfg, num_envs, seed)
+    return VectorStepper(make_vector_env(cfg, num_envs, seed), seed)
+
+
+def make_eval_vector(cfg: EnvConfig, num_envs: int) -> SyncVectorEnv | pool.PoolVector:
+    """``num_envs`` evaluation envs (whole games, unclipped), seeded at each reset."""
+    if pool.uses_pool(cfg):
+        return pool.PoolVector(cfg, num_envs)
+    return SyncVectorEnv([lambda: make_env(cfg, training=False) for _ in range(num_envs)],
+                         autoreset_mode=AutoresetMode.SAME_STEP)
 
 
 def spaces(cfg: EnvConfig) -> tuple[gym.spaces.Space, gym.spaces.Space]:

@@ -30,10 +30,13 @@ class Step:
     truncated: np.ndarray
     episode_returns: list[float]  # episodes that ended in this step
     episode_lengths: list[int]
+    valid: np.ndarray | None = None  # envs that took this step (None: all; see zmqrl.envs.pool)
 
 
 class VectorStepper:
     """Steps a vector env and tracks episode returns; holds the current observations."""
+
+    restorable = True  # its state() puts every env back as it was
 
     def __init__(self, vec: SyncVectorEnv, seed: int) -> None:
         self.vec = vec

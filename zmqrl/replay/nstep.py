@@ -67,12 +67,17 @@ class NStepBuilder:
         terminated: np.ndarray,
         truncated: np.ndarray,
         values: np.ndarray | None = None,
+        valid: np.ndarray | None = None,
     ) -> Batch | None:
         """Record one vector-env step; return the transitions it completes, or None.
 
         ``values`` (leading dim ``num_envs``): given on every push or on none. With them, each
         transition also carries :data:`FIRST_VALUES` (the values of its first step) and
         :data:`ENV` (its env's index).
+
+        ``valid`` (bool per env, default all): envs whose row is no step of theirs (an env that
+        was resetting, its episode having ended the push before); their rows are ignored. Such an
+        env has no pending steps, so the ring slots it skips are never read.
         """
         obs, action, next_obs = np.asarray(obs), np.asarray(action), np.asarray(next_obs)
         reward = self._per_env("reward", reward).astype(np.float64)
@@ -89,11 +94,18 @@ class NStepBuilder:
         if self._values is not None:
             self._values[slot] = values
         self._t += 1
-        self._count = np.minimum(self._count + 1, self.n)
+        if valid is None:
+            self._count = np.minimum(self._count + 1, self.n)
+        else:
+            valid = self._per_env("valid", valid).astype(bool)
+            if np.any(self._count[~valid]):
+                raise ValueError("valid: an env with pending steps skipped a step")
+            self._count = np.minimum(self._count + valid, self.n)
+            term, trunc = term & valid, trunc & valid
 
         ended = term | trunc
         parts = []
-        full = np.flatnonzero((self._count == self.n) & ~ended)
+        full = np.flatnonzero((self._count == self.n) & ~ended)  # skipped envs have none pending
         if full.size:
             parts.append(self._emit_full(slot, full, next_obs))
         for env in np.flatnonzero(ended):

@@ -332,7 +332,7 @@ class Actor(RoleProcess):
         n_buffer = self.cfg.actor.n_buffer
         report = Every(self.cfg.net.stats_interval_s * 5)
         loop, stats = self.loop, self.stats
-        num_envs, clock, next_poll = loop.num_envs, time.monotonic, 0.0
+        clock, next_poll = time.monotonic, 0.0
         while not stop.set:
             now = clock()
             if now >= next_poll:
@@ -355,7 +355,7 @@ class Actor(RoleProcess):
             if self._versions is None:
                 self._versions = (self.version, self.version)
             acted = loop.step()
-            stats.env_steps += num_envs
+            stats.env_steps += acted.env_steps
             if acted.episode_returns:
                 stats.episodes += len(acted.episode_returns)
                 self._episodes[0].extend(acted.episode_returns)

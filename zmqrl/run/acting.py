@@ -22,11 +22,11 @@ import gymnasium as gym
 import numpy as np
 
 from zmqrl.agents.base import Algorithm, ArraySpec, Exploration, algorithm
-from zmqrl.config import Config
+from zmqrl.config import Config, EnvConfig
 from zmqrl.core import ReusesActingValues
-from zmqrl.envs.factory import make_vector_env, spaces
+from zmqrl.envs.factory import make_stepper, spaces
 from zmqrl.envs.state import capture_object, plan_restore
-from zmqrl.envs.stepper import Step, VectorStepper
+from zmqrl.envs.stepper import Step
 from zmqrl.replay import NStepBuilder
 from zmqrl.replay.nstep import ENV, FIRST_VALUES
 from zmqrl.run import checkpoint
@@ -86,6 +86,7 @@ class Acted:
     episode_returns: list[float]
     episode_lengths: list[int]
     explore: float
+    env_steps: int  # env steps taken (envs that were resetting take none)
 
 
 class ActingLoop:
@@ -114,7 +115,7 @@ class ActingLoop:
         self.policy = policy
         self.exploration = exploration
         self.num_envs = cfg.env.num_envs
-        self.stepper = VectorStepper(make_vector_env(cfg.env, self.num_envs, seed), seed)
+        self.stepper = make_stepper(cfg.env, self.num_envs, seed)
         self.nstep = NStepBuilder(self.num_envs, cfg.agent.n_step, cfg.agent.gamma)
         self.env_steps = env_steps
         self.env_cfg = cfg.env
@@ -131,13 +132,14 @@ class ActingLoop:
         """Act once in every env; returns what that completed."""
         explore = self.exploration(self.env_steps)
         step = self.stepper.step(self.policy.act(self.stepper.obs, explore))
-        self.env_steps += self.num_envs
+        taken = self.num_envs if step.valid is None else int(step.valid.sum())
+        self.env_steps += taken
         if self.reuse is None:
             transitions = self.nstep.push(step.obs, step.action, step.reward, step.next_obs,
-                                          step.terminated, step.truncated)
+                                          step.terminated, step.truncated, valid=step.valid)
         else:
             transitions = self._prioritised(step, self.reuse.acted_values())
-        return Acted(transitions, step.episode_returns, step.episode_lengths, explore)
+        return Acted(transitions, step.episode_returns, step.episode_lengths, explore, taken)
 
     def _prioritised(self, step: Step, values: np.ndarray) -> dict[str, np.ndarray] | None:
         """The transitions that ``step`` (acted with ``values``) completes, with priorities: those
@@ -145,7 +147,7 @@ class ActingLoop:
         those of episodes that ended; the others wait for the next step."""
         assert self.reuse is not None
         new = self.nstep.push(step.obs, step.action, step.reward, step.next_obs, step.terminated,
-                              step.truncated, values=values)
+                              step.truncated, values=values, valid=step.valid)
         ready = []
         if self._waiting is not None:
             waiting, self._waiting = self._waiting, None
@@ -223,13 +225,16 @@ class ActingLoop:
         saved_env = state.get("env")
         if not isinstance(saved_env, dict):
             raise ValueError("no env section")
+        defaults = dataclasses.asdict(EnvConfig())  # keys newer than the file: their defaults
         for key in sorted(set(mine) | set(saved_env)):
-            if saved_env.get(key) != mine.get(key):
+            if saved_env.get(key, defaults.get(key)) != mine.get(key):
                 raise ValueError(f"saved with env.{key}={saved_env.get(key)!r}, this config has "
                                  f"env.{key}={mine.get(key)!r} (resume with the env section it was saved with)")
         if state.get("env_steps") != env_steps:
             raise ValueError(f"saved at {state.get('env_steps')} env steps, but its checkpoint's "
                              f"{checkpoint.STATE_FILE} counts {env_steps}: the file belongs to another checkpoint")
+        if not self.stepper.restorable:  # new episodes: nothing pending may join them
+            return lambda: setattr(self, "env_steps", env_steps)
         load_stepper = self.stepper.plan_load(state.get("stepper"))
         nstep_steps = plan_restore(self.nstep, state.get("nstep"), "n-step builder")
 

@@ -128,7 +128,7 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
                     t0 = time.perf_counter()
                     acted = loop.step()
                     explore = acted.explore
-                    book.add_env_steps(loop.num_envs)
+                    book.add_env_steps(acted.env_steps)
                     book.add_episodes(acted.episode_returns, acted.episode_lengths)
                     t1 = time.perf_counter()
                     if acted.transitions is not None:
@@ -137,7 +137,7 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
                     cost.add("insert", time.perf_counter() - t1)
                     if len(replay) < tc.warmup:
                         continue
-                    counters.opt_credit += loop.num_envs / tc.opt_interval
+                    counters.opt_credit += acted.env_steps / tc.opt_interval
                 while counters.opt_credit >= 1.0 and not stop.set and not book.should_stop():
                     counters.opt_credit -= 1.0
                     t0 = time.perf_counter()
