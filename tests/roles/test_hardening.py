@@ -233,6 +233,45 @@ def test_actor_epsilon_decays_from_eps_start_to_its_apex_value(cartpole_cfg: Any
         cartpole_cfg("actor.eps_decay_steps=-1")
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this host has a CUDA device")
+def test_an_actor_on_cuda_without_a_gpu_is_a_config_error_naming_the_key() -> None:
+    out = subprocess.run(zmqrl_argv("actor", "--id", "0", overrides=["actor.device=cuda"]),
+                         capture_output=True, text=True, timeout=120, env=role_env())
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "actor.device: 'cuda' requested but no CUDA device is available" in out.stderr
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_an_actor_policy_on_cuda_acts_as_on_the_cpu(cartpole_cfg: Any) -> None:
+    from zmqrl.roles.actor import policy_device
+
+    task = make_task(cartpole_cfg())
+    cpu, cuda = task.policy(0, backend="torch"), task.policy(0, backend="torch", device=policy_device("cuda"))
+    cuda.load_params(cpu.params())
+    obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    assert np.array_equal(cpu.act(obs, 0.0), cuda.act(obs, 0.0))
+
+
+def test_epsilon_per_env_slot_spans_every_actors_envs(cartpole_cfg: Any) -> None:
+    """actor.eps_per_env: the ladder runs over the N * num_envs env slots, each env its own ε, and
+    the policy uses each row's."""
+    cfg = cartpole_cfg("actor.num_actors=2", "env.num_envs=4", "actor.eps_per_env=true", "actor.eps_decay_steps=0")
+    task = make_task(cfg)
+    ladder = [apex_epsilon(0.4, 7.0, i, 8) for i in range(8)]
+    assert task.exploration(0)(100) == pytest.approx(ladder[:4])
+    assert task.exploration(1)(100) == pytest.approx(ladder[4:])
+    assert task.exploration(1).mean(100) == pytest.approx(np.mean(ladder[4:]))
+    assert "over 4 envs" in task.exploration(0).describe()
+    decaying = make_task(cartpole_cfg("actor.num_actors=2", "env.num_envs=4", "actor.eps_per_env=true",
+                                      "actor.eps_decay_steps=1000", "agent.eps_start=1.0")).exploration(1)
+    assert decaying(0) == pytest.approx([1.0] * 4) and decaying(1000) == pytest.approx(ladder[4:])
+    policy = task.policy(0, backend="numpy")  # row 0 always explores, row 1 never: the draws say so
+    obs = np.zeros((2000, 4), dtype=np.float32)
+    greedy = policy.act(obs, np.zeros(2000))
+    acted = policy.act(obs, np.tile([1.0, 0.0], 1000))
+    assert np.all(acted[1::2] == greedy[1::2]) and 400 < np.sum(acted[0::2] != greedy[0::2]) < 600
+
+
 # ------------------------------------------------------------------------- a run ends everywhere
 
 @pytest.mark.slow

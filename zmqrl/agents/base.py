@@ -50,15 +50,22 @@ class Exploration:
     """
 
     name: str
-    schedule: Callable[[int], float]
+    schedule: Callable[[int], float | np.ndarray]  # a value, or one per env slot of the acting process
     shape: str = ""
 
-    def __call__(self, env_steps: int) -> float:
+    def __call__(self, env_steps: int) -> float | np.ndarray:
         return self.schedule(env_steps)
+
+    def mean(self, env_steps: int) -> float:
+        """The value, or the mean over the env slots (what records and logs show)."""
+        return float(np.mean(self(env_steps)))
 
     def describe(self) -> str:
         """The value at the first step, or the schedule's shape where it has one."""
-        return self.shape or f"{self(0):.4g}"
+        first = np.atleast_1d(self(0))
+        if self.shape:
+            return self.shape
+        return f"{first[0]:.4g}" if first.size == 1 else f"{_span(first)} over {first.size} envs"
 
 
 def constant(name: str, value: float) -> Exploration:
@@ -66,16 +73,23 @@ def constant(name: str, value: float) -> Exploration:
     return Exploration(name, lambda _steps: value)
 
 
-def linear(name: str, start: float, end: float, decay_steps: int) -> Exploration:
-    """A linear decay from ``start`` to ``end`` over ``decay_steps`` env steps, then ``end``."""
+def linear(name: str, start: float | np.ndarray, end: float | np.ndarray, decay_steps: int) -> Exploration:
+    """A linear decay from ``start`` to ``end`` over ``decay_steps`` env steps, then ``end`` (each a
+    value, or one per env slot)."""
 
-    def schedule(step: int) -> float:
+    def schedule(step: int) -> float | np.ndarray:
         if decay_steps <= 0:
             return end
         return end + (start - end) * max(0.0, 1.0 - step / decay_steps)
 
-    shape = f"{start:.4g} -> {end:.4g} over {decay_steps} env steps" if decay_steps > 0 and start != end else ""
+    moves = decay_steps > 0 and np.any(np.asarray(start) != np.asarray(end))
+    shape = f"{_span(start)} -> {_span(end)} over {decay_steps} env steps" if moves else ""
     return Exploration(name, schedule, shape)
+
+
+def _span(value: float | np.ndarray) -> str:
+    values = np.atleast_1d(value)
+    return f"{values[0]:.4g}" if values.size == 1 else f"{values.max():.4g}..{values.min():.4g}"
 
 
 def resolve_backend(backend: str, numpy_ok: bool, device: str = "cpu") -> str:
@@ -186,10 +200,17 @@ def epsilon_exploration(cfg: Config, actor_index: int | None) -> Exploration:
     ac: Any = cfg.agent
     if actor_index is None:
         return linear("epsilon", ac.eps_start, ac.eps_end, ac.eps_decay_steps)
-    eps = apex_epsilon(cfg.actor.eps, cfg.actor.eps_alpha, actor_index, cfg.actor.num_actors)
+    eps: float | np.ndarray
+    if cfg.actor.eps_per_env:  # Ape-X's ladder over every env slot of every actor, not over actors
+        envs = cfg.env.num_envs
+        slots = actor_index * envs + np.arange(envs)
+        eps = np.array([apex_epsilon(cfg.actor.eps, cfg.actor.eps_alpha, int(i), cfg.actor.num_actors * envs)
+                        for i in slots])
+    else:
+        eps = apex_epsilon(cfg.actor.eps, cfg.actor.eps_alpha, actor_index, cfg.actor.num_actors)
     if cfg.actor.eps_decay_steps > 0:
-        return linear("epsilon", max(ac.eps_start, eps), eps, cfg.actor.eps_decay_steps)
-    return constant("epsilon", eps)
+        return linear("epsilon", np.maximum(ac.eps_start, eps), eps, cfg.actor.eps_decay_steps)
+    return Exploration("epsilon", lambda _steps: eps)
 
 
 def epsilon_greedy(greedy_actions: np.ndarray, epsilon: float | np.ndarray, rng: np.random.Generator,

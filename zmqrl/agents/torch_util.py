@@ -16,16 +16,16 @@ from zmqrl.agents.numpy_mlp import check_params
 from zmqrl.config import ConfigError
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks cuda when present; an unavailable cuda is a clear error."""
+def resolve_device(name: str, key: str = "run.device") -> torch.device:
+    """``auto`` picks cuda when present; an unavailable cuda is a clear error naming ``key``."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"run.device: unknown device {name!r}; use cpu, cuda, cuda:N or auto") from None
+        raise ConfigError(f"{key}: unknown device {name!r}; use cpu, cuda, cuda:N or auto") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"run.device: {name!r} requested but no CUDA device is available")
+        raise ConfigError(f"{key}: {name!r} requested but no CUDA device is available")
     return device
 
 

@@ -125,9 +125,13 @@ class ActorConfig:
     eps_decay_steps: int = 0  # each actor starts at agent.eps_start and reaches its eps above after this many
     #                           of its own env steps (linearly); 0 = its eps from the first step, as in Ape-X
     num_actors: int = 2  # N in the formula above; the local launcher sets it
+    eps_per_env: bool = False  # the formula over env slots: slot j of actor i is i * env.num_envs + j of
+    #                            N * env.num_envs (Ape-X's one env per actor, with many envs per process)
     compute_priorities: bool = True  # send initial priorities computed with the local model
     send_hwm: int = 16  # batches queued towards the proxy before send blocks
     backend: str = "auto"  # policy forward in actors and the evaluator: auto (numpy for MLPs), numpy, torch
+    device: str = "cpu"  # where an actor's policy runs: cpu, or cuda (cuda:N, auto) for one batched forward
+    #                      over all its envs on its host's GPU
     nice: int = 0  # raise the actor process's niceness so the learner wins a shared CPU (0 = unchanged)
 
 

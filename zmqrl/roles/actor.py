@@ -84,6 +84,15 @@ def lower_priority(nice: int) -> None:
         pass
 
 
+def policy_device(name: str) -> str:
+    """``actor.device`` checked and resolved (torch is imported only for a device other than the CPU)."""
+    if name == "cpu":
+        return name
+    from zmqrl.agents.torch_util import resolve_device
+
+    return str(resolve_device(name, "actor.device"))
+
+
 @dataclass
 class ActorStats:
     """What an actor did (border's ``ActorStat``). Every batch carries ``env_steps`` (the learner
@@ -129,7 +138,7 @@ class Actor(RoleProcess):
         seed_everything(self.seed)
         task = make_task(cfg)
         self.signature = task_signature(task)
-        self.policy = task.policy(self.seed, backend=cfg.actor.backend)
+        self.policy = task.policy(self.seed, backend=cfg.actor.backend, device=policy_device(cfg.actor.device))
         self.exploration = task.exploration(index)
         self.priorities = cfg.actor.compute_priorities and cfg.replay.prioritized
         self.loop = ActingLoop(cfg, self.policy, self.exploration, self.seed, priorities=self.priorities)
@@ -274,7 +283,7 @@ class Actor(RoleProcess):
         for i, (ready, arrays) in enumerate(zip(self._ready, self._arrays(), strict=True)):
             meta = {"episodes": {"returns": ready.returns, "lengths": ready.lengths}, "actor": self.index,
                     "max_version": ready.high, "model_inc": self.versions.incarnation, "grants": ready.grants,
-                    "explore": self.exploration(self.loop.env_steps), "stats": stats}
+                    "explore": self.exploration.mean(self.loop.env_steps), "stats": stats}
             if self.compactor is not None:
                 arrays, frames_meta = self.compactor.compact(arrays)
                 meta.update(frames_meta)
@@ -379,7 +388,8 @@ class Actor(RoleProcess):
     def role_stats(self) -> dict[str, Any]:
         frames = {} if self.compactor is None else {"frames_per_transition": round(
             self.compactor.frames / max(self.compactor.transitions, 1), 3), "compress": self.compactor.codec}
-        return {"incarnation": self.incarnation, "sent_seq": self.seq, "explore": self.exploration(self.loop.env_steps),
+        return {"incarnation": self.incarnation, "sent_seq": self.seq,
+                "explore": self.exploration.mean(self.loop.env_steps),
                 **self.stats.as_dict(), **frames}
 
     def close(self) -> None:

@@ -85,7 +85,7 @@ class Acted:
     transitions: dict[str, np.ndarray] | None
     episode_returns: list[float]
     episode_lengths: list[int]
-    explore: float
+    explore: float  # the exploration value it acted with (the mean over env slots where each has its own)
     env_steps: int  # env steps taken (envs that were resetting take none)
 
 
@@ -139,7 +139,7 @@ class ActingLoop:
                                           step.terminated, step.truncated, valid=step.valid)
         else:
             transitions = self._prioritised(step, self.reuse.acted_values())
-        return Acted(transitions, step.episode_returns, step.episode_lengths, explore, taken)
+        return Acted(transitions, step.episode_returns, step.episode_lengths, float(np.mean(explore)), taken)
 
     def _prioritised(self, step: Step, values: np.ndarray) -> dict[str, np.ndarray] | None:
         """The transitions that ``step`` (acted with ``values``) completes, with priorities: those

@@ -118,7 +118,7 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
         return {**replay_values(replay), "perf/beta": float(getattr(replay, "beta", 1.0))}
 
     explore_tag = loop.exploration.name
-    explore = loop.exploration(max(loop.env_steps - loop.num_envs, 0))  # that of the last env step
+    explore = loop.exploration.mean(max(loop.env_steps - loop.num_envs, 0))  # that of the last env step
     log.info("training %s on %s in %s (device %s)", cfg.agent.algo, cfg.env.id, path, device)
     try:
         with StopFlag() as stop:
