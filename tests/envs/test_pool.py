@@ -182,3 +182,37 @@ def test_the_gymnasium_stepper_is_unchanged_for_other_envs() -> None:
     assert isinstance(stepper, VectorStepper) and stepper.restorable
     assert stepper.step(np.zeros(2, dtype=np.int64)).valid is None
     stepper.close()
+
+
+@pytest.mark.parametrize("batch", [0, 3])
+def test_acting_in_batches_of_ready_envs_keeps_each_envs_transitions_its_own(batch: int) -> None:
+    """env.batch: the policy acts for whichever envs the pool hands out. With 1-step transitions
+    every next_obs is its obs's stack shifted by one frame (rows of different envs mixed up would
+    not be), every env step gives one transition, and the priorities built from the acting values
+    are those a fresh forward pass gives (the bootstrap values came from the right env)."""
+    from zmqrl.config import load
+    from zmqrl.run.acting import ActingLoop, make_task
+
+    cfg = load(CONFIGS / "pong_dqn.yaml", ["env.id=ALE/Breakout-v5", "env.backend=envpool", "env.num_envs=6",
+                                           f"env.batch={batch}", "agent.n_step=1", "actor.eps_per_env=true",
+                                           "actor.eps=1.0", "actor.eps_decay_steps=0"])  # random: lives get lost
+    task = make_task(cfg)
+    policy = task.policy(0, backend="torch")
+    loop = ActingLoop(cfg, policy, task.exploration(1), seed=0, priorities=True)
+    assert (loop.stepper.env_ids is None) == (batch == 0)
+    parts, seen = [], set()
+    while loop.env_steps < 1200:
+        if loop.stepper.env_ids is not None:
+            assert len(loop.stepper.env_ids) == batch
+            seen.update(loop.stepper.env_ids.tolist())
+        acted = loop.step()
+        if acted.transitions is not None:
+            parts.append(acted.transitions)
+    loop.close()
+    got = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+    assert batch == 0 or seen == set(range(6))
+    assert loop.env_steps - 6 <= len(got["reward"]) <= loop.env_steps
+    np.testing.assert_array_equal(got["next_obs"][:, :3], got["obs"][:, 1:])
+    assert (got["discount"] == 0).sum() >= 5  # lost lives: terminals seen
+    fresh = policy.priorities({k: v for k, v in got.items() if k != "priority"})
+    np.testing.assert_allclose(got["priority"], fresh, rtol=1e-4, atol=1e-5)

@@ -27,12 +27,15 @@ class Episode:
 
 
 def simulate(
-    num_envs: int, n: int, gamma: float, steps: int, flags: np.ndarray, rewards: np.ndarray
+    num_envs: int, n: int, gamma: float, steps: int, flags: np.ndarray, rewards: np.ndarray,
+    subsets: np.random.Generator | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], list[Episode]]:
     """Drive the builder; ``flags[t, e]`` is 0 (continue), 1 (terminate), 2 (truncate).
 
     Observations are (env, episode, step) triples so every one is unique; actions
-    are a global step id. Returns the emitted batches and all episodes.
+    are a global step id. Returns the emitted batches and all episodes. With ``subsets``, each
+    push brings a random non-empty subset of the envs in random order (``env_ids``), as an
+    asynchronous pool does.
     """
     builder = NStepBuilder(num_envs, n, gamma)
     episode_no = np.zeros(num_envs, dtype=np.int64)
@@ -42,21 +45,26 @@ def simulate(
     out = []
     for t in range(steps):
         envs = np.arange(num_envs)
-        obs = np.stack([envs, episode_no, t_in_ep], axis=1).astype(np.float32)
-        next_obs = np.stack([envs, episode_no, t_in_ep + 1], axis=1).astype(np.float32)
+        if subsets is not None:
+            envs = subsets.permutation(num_envs)[: int(subsets.integers(1, num_envs + 1))]
+        obs = np.stack([envs, episode_no[envs], t_in_ep[envs]], axis=1).astype(np.float32)
+        next_obs = np.stack([envs, episode_no[envs], t_in_ep[envs] + 1], axis=1).astype(np.float32)
         action = t * num_envs + envs
-        term, trunc = flags[t] == 1, flags[t] == 2
-        batch = builder.push(obs, action, rewards[t], next_obs, term, trunc)
+        term, trunc = flags[t, envs] == 1, flags[t, envs] == 2
+        if subsets is None:
+            batch = builder.push(obs, action, rewards[t], next_obs, term, trunc)
+        else:
+            batch = builder.push(obs, action, rewards[t, envs], next_obs, term, trunc, env_ids=envs)
         if batch is not None:
             out.append(batch)
-        for e in range(num_envs):
+        for row, e in enumerate(envs):
             ep = current[e]
-            ep.obs.append(obs[e])
-            ep.action.append(int(action[e]))
+            ep.obs.append(obs[row])
+            ep.action.append(int(action[row]))
             ep.reward.append(float(rewards[t, e]))
-            ep.next_obs.append(next_obs[e])
-            if term[e] or trunc[e]:
-                ep.terminated, ep.truncated = bool(term[e]), bool(trunc[e])
+            ep.next_obs.append(next_obs[row])
+            if term[row] or trunc[row]:
+                ep.terminated, ep.truncated = bool(term[row]), bool(trunc[row])
                 episodes.append(ep)
                 current[e] = Episode()
                 episode_no[e] += 1
@@ -114,6 +122,31 @@ def run_against_reference(num_envs: int, n: int, gamma: float, flags: np.ndarray
         assert b["reward"].dtype == np.float32 and b["discount"].dtype == np.float32
         assert b["obs"].dtype == np.float32 and b["action"].dtype == np.int64
     assert_same(concat_sorted(batches), reference(episodes, n, gamma))
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pushes_of_some_envs_at_a_time_match_the_reference(n: int, seed: int) -> None:
+    """``env_ids``: whichever envs an asynchronous pool returns, in any order, each env's
+    transitions are those of its own steps."""
+    rng = np.random.default_rng(seed)
+    num_envs, steps = 5, 400
+    flags = rng.choice([0, 1, 2], size=(steps, num_envs), p=[0.8, 0.1, 0.1])
+    rewards = rng.normal(size=(steps, num_envs))
+    batches, episodes = simulate(num_envs, n, 0.9, steps, flags, rewards, subsets=np.random.default_rng(seed + 10))
+    assert_same(concat_sorted(batches), reference(episodes, n, 0.9))
+
+
+def test_env_ids_on_every_push_or_on_none() -> None:
+    builder = NStepBuilder(2, 2, 0.9)
+    one = dict(reward=np.zeros(1), next_obs=np.zeros((1, 3), np.float32), terminated=np.zeros(1, bool),
+               truncated=np.zeros(1, bool))
+    builder.push(np.zeros((1, 3), np.float32), np.zeros(1, np.int64), env_ids=np.array([1]), **one)
+    with pytest.raises(ValueError, match="env_ids"):
+        builder.push(np.zeros((2, 3), np.float32), np.zeros(2, np.int64), np.zeros(2), np.zeros((2, 3), np.float32),
+                     np.zeros(2, bool), np.zeros(2, bool))
+    with pytest.raises(ValueError, match="distinct env indices"):
+        builder.push(np.zeros((1, 3), np.float32), np.zeros(1, np.int64), env_ids=np.array([2]), **one)
 
 
 @pytest.mark.parametrize("n", [1, 3, 5])

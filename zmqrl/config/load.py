@@ -150,6 +150,9 @@ def _check_ranges(cfg: Config, source: str) -> None:
     for key in ("net.data_port", "net.model_port", "net.proxy_port", "net.eval_port"):
         if not 0 <= flat[key] <= 65535:
             raise ConfigError(f"{source}: {key} must be a port number 0..65535, got {flat[key]!r}")
+    if not 0 <= cfg.env.batch <= cfg.env.num_envs:
+        raise ConfigError(f"{source}: env.batch must be within 0..env.num_envs ({cfg.env.num_envs}), "
+                          f"got {cfg.env.batch}")
     if cfg.agent.batch_size > cfg.replay.capacity:
         raise ConfigError(f"{source}: agent.batch_size ({cfg.agent.batch_size}) exceeds "
                           f"replay.capacity ({cfg.replay.capacity})")

@@ -47,6 +47,8 @@ class EnvConfig:
     frame_stack: int = 4  # frames stacked by the frame_stack wrapper
     backend: str = "auto"  # gymnasium, envpool, or auto: EnvPool for Atari ids where it is installed
     threads: int = 1  # EnvPool worker threads per process (one actor per core: 1)
+    batch: int = 0  # EnvPool: act for the first `batch` envs that are ready while the others step
+    #                 (asynchronous; num_envs / 2 overlaps the forward with env steps); 0 = all envs each step
 
 
 @dataclass

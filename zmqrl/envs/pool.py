@@ -108,9 +108,11 @@ def pool_options(cfg: EnvConfig, training: bool) -> tuple[str, dict[str, Any]]:
     return task[0], options
 
 
-def make_pool(cfg: EnvConfig, seeds: Sequence[int], training: bool, noop_max: int | None = None) -> Any:
-    """An EnvPool pool of ``len(seeds)`` envs (gymnasium API, synchronous); env ``i`` seeded with
-    ``seeds[i]``. ``noop_max`` overrides the no-op starts (1: exactly one no-op frame, for tests)."""
+def make_pool(cfg: EnvConfig, seeds: Sequence[int], training: bool, noop_max: int | None = None,
+              batch: int = 0) -> Any:
+    """An EnvPool pool of ``len(seeds)`` envs (gymnasium API); env ``i`` seeded with ``seeds[i]``;
+    synchronous, or with ``batch`` below the number of envs, handing out ``batch`` ready envs at a
+    time. ``noop_max`` overrides the no-op starts (1: exactly one no-op frame, for tests)."""
     import envpool
 
     task, options = pool_options(cfg, training)
@@ -118,8 +120,8 @@ def make_pool(cfg: EnvConfig, seeds: Sequence[int], training: bool, noop_max: in
         options["noop_max"] = max(1, noop_max)  # EnvPool crashes on 0
     num_envs = len(seeds)
     threads = max(1, min(cfg.threads, num_envs))
-    return envpool.make(task, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, num_threads=threads,
-                        env_seed=[int(s) for s in seeds], **options)
+    return envpool.make(task, env_type="gymnasium", num_envs=num_envs, batch_size=batch or num_envs,
+                        num_threads=threads, env_seed=[int(s) for s in seeds], **options)
 
 
 def _in_env_order(pool_out: tuple[Any, ...], info: dict[str, Any]) -> tuple[Any, ...]:
@@ -137,6 +139,12 @@ class PoolStepper:
     Each step's ``valid`` marks the envs that took it; the others were resetting (their episode
     ended the step before; EnvPool ignores their action and returns a new episode's first
     observation). Episode returns and lengths are whole games' (``games``), unclipped.
+
+    With ``batch`` below ``num_envs`` the pool runs asynchronously: :attr:`obs` holds the
+    observations of the ``batch`` envs named by :attr:`env_ids`; :meth:`step` sends their actions
+    and returns the next ``batch`` envs to finish a step (any of them, in any order), each row
+    with the observation and action its step began with. Envs step in the pool's threads while the
+    policy acts for the others.
     """
 
     games = True
@@ -144,31 +152,60 @@ class PoolStepper:
 
     def __init__(self, cfg: EnvConfig, num_envs: int, seed: int) -> None:
         self.num_envs = num_envs
-        self.pool = make_pool(cfg, [seed + i for i in range(num_envs)], training=True)
-        obs, info = self.pool.reset()
-        (self.obs,) = _in_env_order((obs,), info)
+        batch = cfg.batch if 0 < cfg.batch < num_envs else 0
+        self.pool = make_pool(cfg, [seed + i for i in range(num_envs)], training=True, batch=batch)
+        self.env_ids: np.ndarray | None = None
+        if batch:
+            self.pool.async_reset()
+            self.obs, _, _, _, info = self.pool.recv()
+            self.env_ids = np.asarray(info["env_id"], dtype=np.int64)
+            self._obs_of = np.zeros((num_envs, *self.obs.shape[1:]), dtype=self.obs.dtype)  # what each env acted on
+            self._action_of: np.ndarray | None = None
+        else:
+            obs, info = self.pool.reset()
+            (self.obs,) = _in_env_order((obs,), info)
         self._resetting = np.zeros(num_envs, dtype=bool)
+        if self.env_ids is not None:  # the others' first rows to come are their resets, not steps
+            self._resetting[:] = True
+            self._resetting[self.env_ids] = False
         self._ret = np.zeros(num_envs, dtype=np.float64)
         self._len = np.zeros(num_envs, dtype=np.int64)
 
     def step(self, action: np.ndarray) -> Step:
-        obs = self.obs
-        out = self.pool.step(np.asarray(action))
-        new_obs, reward, terminated, truncated, info = _in_env_order(out, out[4])
-        valid = ~self._resetting
+        action = np.asarray(action)
+        rows: Any  # the envs of the returned rows: all (a slice), or those the pool handed out
+        if self.env_ids is None:
+            obs = self.obs
+            out = self.pool.step(action)
+            new_obs, reward, terminated, truncated, info = _in_env_order(out, out[4])
+            rows = slice(None)
+        else:
+            if self._action_of is None:
+                self._action_of = np.zeros((self.num_envs, *action.shape[1:]), dtype=action.dtype)
+            self._obs_of[self.env_ids] = self.obs
+            self._action_of[self.env_ids] = action
+            self.pool.send(action, self.env_ids)
+            new_obs, reward, terminated, truncated, info = self.pool.recv()
+            rows = np.asarray(info["env_id"], dtype=np.int64)
+            obs, action = self._obs_of[rows], self._action_of[rows]
+        valid = ~self._resetting[rows]
         terminated = np.asarray(terminated, dtype=bool) & valid
         truncated = np.asarray(truncated, dtype=bool) & valid
         done = terminated | truncated
-        self._ret += np.where(valid, info["reward"], 0.0)
-        self._len += valid
-        over = done & (np.asarray(info["terminated"], dtype=bool) | truncated)
+        self._ret[rows] += np.where(valid, info["reward"], 0.0)
+        self._len[rows] += valid
+        over = np.zeros(self.num_envs, dtype=bool)
+        over[rows] = done & (np.asarray(info["terminated"], dtype=bool) | truncated)
         returns, lengths = self._ret[over].tolist(), self._len[over].tolist()
         self._ret[over] = 0.0
         self._len[over] = 0
-        self._resetting = done
+        self._resetting[rows] = done
         self.obs = new_obs
+        env_ids: np.ndarray | None = None
+        if self.env_ids is not None:
+            self.env_ids = env_ids = rows
         return Step(obs, action, np.where(valid, reward, 0.0).astype(np.float32), new_obs, terminated, truncated,
-                    returns, lengths, valid=valid)
+                    returns, lengths, valid=valid, env_ids=env_ids)
 
     def state(self) -> tuple[dict[str, Any], list[str]]:
         return {}, ["EnvPool envs (a resumed run starts new episodes)"]

@@ -31,12 +31,14 @@ class Step:
     episode_returns: list[float]  # episodes that ended in this step
     episode_lengths: list[int]
     valid: np.ndarray | None = None  # envs that took this step (None: all; see zmqrl.envs.pool)
+    env_ids: np.ndarray | None = None  # the env of each row (None: row i is env i, every env stepped)
 
 
 class VectorStepper:
     """Steps a vector env and tracks episode returns; holds the current observations."""
 
     restorable = True  # its state() puts every env back as it was
+    env_ids = None  # its observations are every env's, in order
 
     def __init__(self, vec: SyncVectorEnv, seed: int) -> None:
         self.vec = vec

@@ -27,6 +27,10 @@ class NStepBuilder:
     # The values ring, made by the first push that brings values. A class default rather than an
     # instance attribute, so builders that never carry values save the same state as before.
     _values: np.ndarray | None = None
+    # Steps taken per env, made by the first push that names its envs (``env_ids``): such pushes
+    # bring a subset of the envs, so each env has its own ring position. A class default, like
+    # ``_values``, so builders stepped whole save the same state as before.
+    _env_t: np.ndarray | None = None
 
     def __init__(self, num_envs: int, n: int, gamma: float) -> None:
         if num_envs < 1:
@@ -68,6 +72,7 @@ class NStepBuilder:
         truncated: np.ndarray,
         values: np.ndarray | None = None,
         valid: np.ndarray | None = None,
+        env_ids: np.ndarray | None = None,
     ) -> Batch | None:
         """Record one vector-env step; return the transitions it completes, or None.
 
@@ -78,7 +83,16 @@ class NStepBuilder:
         ``valid`` (bool per env, default all): envs whose row is no step of theirs (an env that
         was resetting, its episode having ended the push before); their rows are ignored. Such an
         env has no pending steps, so the ring slots it skips are never read.
+
+        ``env_ids`` (distinct env indices, one per row): the push brings those envs' steps only
+        (an asynchronous pool steps whichever envs are ready); every other argument then has one
+        row per entry. Given on every push or on none.
         """
+        if env_ids is not None:
+            return self._push_rows(np.asarray(env_ids, dtype=np.int64), np.asarray(obs), np.asarray(action),
+                                   reward, np.asarray(next_obs), terminated, truncated, values, valid)
+        if self._env_t is not None:
+            raise ValueError("env_ids: this builder got env_ids before; give them on every push")
         obs, action, next_obs = np.asarray(obs), np.asarray(action), np.asarray(next_obs)
         reward = self._per_env("reward", reward).astype(np.float64)
         term = self._per_env("terminated", terminated).astype(bool)
@@ -111,6 +125,79 @@ class NStepBuilder:
         for env in np.flatnonzero(ended):
             parts.append(self._flush(slot, int(env), next_obs[env], bool(term[env])))
             self._count[env] = 0
+        if not parts:
+            return None
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+    def _push_rows(self, ids: np.ndarray, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+                   next_obs: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                   values: np.ndarray | None, valid: np.ndarray | None) -> Batch | None:
+        """:meth:`push` for the envs ``ids`` only, each at its own ring position."""
+        m = ids.size
+        if ids.ndim != 1 or m == 0 or np.unique(ids).size != m or ids.min() < 0 or ids.max() >= self.num_envs:
+            raise ValueError(f"env_ids: expected distinct env indices in [0, {self.num_envs}), got {ids}")
+        rows = {}
+        for name, x in (("reward", reward), ("terminated", terminated), ("truncated", truncated),
+                        ("valid", np.ones(m, dtype=bool) if valid is None else valid)):
+            rows[name] = np.asarray(x)
+            if rows[name].shape != (m,):
+                raise ValueError(f"{name}: expected shape ({m},), got {rows[name].shape}")
+        for name, arr in (("obs", obs), ("action", action), ("next_obs", next_obs)):
+            if arr.ndim == 0 or arr.shape[0] != m:
+                raise ValueError(f"{name}: expected leading dim {m}, got shape {arr.shape}")
+        if self._env_t is None:
+            if self._t:
+                raise ValueError("env_ids: this builder had pushes without them; give them on every push")
+            self._env_t = np.zeros(self.num_envs, dtype=np.int64)
+            self._obs = np.zeros((self.n, self.num_envs, *obs.shape[1:]), dtype=obs.dtype)
+            self._action = np.zeros((self.n, self.num_envs, *action.shape[1:]), dtype=action.dtype)
+            if values is not None:
+                values = np.asarray(values)
+                self._values = np.zeros((self.n, self.num_envs, *values.shape[1:]), dtype=values.dtype)
+        assert self._obs is not None and self._action is not None
+        if obs.shape[1:] != self._obs.shape[2:] or next_obs.shape != obs.shape or obs.dtype != self._obs.dtype:
+            raise ValueError(f"obs: expected rows of shape {self._obs.shape[2:]} dtype {self._obs.dtype}, "
+                             f"got {obs.shape[1:]} {obs.dtype} (next_obs {next_obs.shape[1:]})")
+        if (values is None) != (self._values is None):
+            raise ValueError("values: give them on every push or on none")
+        if values is not None and self._values is not None and np.shape(values)[1:] != self._values.shape[2:]:
+            raise ValueError(f"values: expected rows of shape {self._values.shape[2:]}, got {np.shape(values)[1:]}")
+        valid_rows = rows["valid"].astype(bool)
+        if np.any(self._count[ids[~valid_rows]]):
+            raise ValueError("valid: an env with pending steps skipped a step")
+
+        slots = self._env_t[ids] % self.n
+        self._obs[slots, ids] = obs
+        self._action[slots, ids] = action
+        self._reward[slots, ids] = rows["reward"].astype(np.float64)
+        if self._values is not None:
+            self._values[slots, ids] = values
+        self._env_t[ids] += 1
+        self._t += 1
+        self._count[ids] = np.minimum(self._count[ids] + valid_rows, self.n)
+        term = rows["terminated"].astype(bool) & valid_rows
+        ended = term | (rows["truncated"].astype(bool) & valid_rows)
+
+        parts = []
+        full = np.flatnonzero((self._count[ids] == self.n) & ~ended)
+        if full.size:
+            envs = ids[full]
+            oldest = (slots[full] + 1) % self.n
+            order = (oldest[:, None] + np.arange(self.n)) % self.n  # (envs, n), oldest first
+            batch = {
+                "obs": self._obs[oldest, envs],
+                "action": self._action[oldest, envs],
+                "reward": (self._reward[order, envs[:, None]] @ self._powers).astype(np.float32),
+                "next_obs": next_obs[full],
+                "discount": np.full(envs.size, self.gamma**self.n, dtype=np.float32),
+            }
+            if self._values is not None:
+                batch[FIRST_VALUES] = self._values[oldest, envs]
+                batch[ENV] = envs
+            parts.append(batch)
+        for row in np.flatnonzero(ended):
+            parts.append(self._flush(int(slots[row]), int(ids[row]), next_obs[row], bool(term[row])))
+            self._count[ids[row]] = 0
         if not parts:
             return None
         return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}

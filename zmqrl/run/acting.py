@@ -89,6 +89,10 @@ class Acted:
     env_steps: int  # env steps taken (envs that were resetting take none)
 
 
+def _joined(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+
+
 class ActingLoop:
     """A vector of ``env.num_envs`` envs, a policy acting for all of them in one call, and the
     n-step builder that turns their steps into transitions.
@@ -122,6 +126,7 @@ class ActingLoop:
         self._warned = False
         self.reuse = policy if priorities and isinstance(policy, ReusesActingValues) else None
         self._waiting: dict[str, np.ndarray] | None = None  # transitions waiting for their bootstrap's values
+        self._env_values: np.ndarray | None = None  # per env: the values of the observation it last acted on
 
     @property
     def prioritises(self) -> bool:
@@ -129,55 +134,74 @@ class ActingLoop:
         return self.reuse is not None
 
     def step(self) -> Acted:
-        """Act once in every env; returns what that completed."""
+        """Act once for the envs the stepper holds observations of (every env, or with an
+        asynchronous pool those that are ready); returns what that completed."""
         explore = self.exploration(self.env_steps)
+        acted = self.stepper.env_ids  # the envs acted for (None: all, in order)
+        if acted is not None and np.ndim(explore):
+            explore = np.asarray(explore)[acted]
         step = self.stepper.step(self.policy.act(self.stepper.obs, explore))
-        taken = self.num_envs if step.valid is None else int(step.valid.sum())
+        taken = len(step.reward) if step.valid is None else int(step.valid.sum())
         self.env_steps += taken
         if self.reuse is None:
             transitions = self.nstep.push(step.obs, step.action, step.reward, step.next_obs,
-                                          step.terminated, step.truncated, valid=step.valid)
+                                          step.terminated, step.truncated, valid=step.valid, env_ids=step.env_ids)
         else:
-            transitions = self._prioritised(step, self.reuse.acted_values())
+            transitions = self._prioritised(step, self.reuse.acted_values(), acted)
         return Acted(transitions, step.episode_returns, step.episode_lengths, float(np.mean(explore)), taken)
 
-    def _prioritised(self, step: Step, values: np.ndarray) -> dict[str, np.ndarray] | None:
-        """The transitions that ``step`` (acted with ``values``) completes, with priorities: those
-        waiting since the last step (their bootstrap observation is what ``step`` acted on) and
-        those of episodes that ended; the others wait for the next step."""
+    def _prioritised(self, step: Step, values: np.ndarray, acted: np.ndarray | None) -> dict[str, np.ndarray] | None:
+        """The transitions that ``step`` completes, with priorities: those waiting for the values
+        of their bootstrap observation, which the envs ``acted`` (all: None) just acted on with
+        ``values``, and those of episodes that ended; the others wait for their env's next act."""
         assert self.reuse is not None
-        new = self.nstep.push(step.obs, step.action, step.reward, step.next_obs, step.terminated,
-                              step.truncated, values=values, valid=step.valid)
+        every = np.arange(self.num_envs)
+        acted_envs = every if acted is None else acted
+        if self._env_values is None:
+            self._env_values = np.zeros((self.num_envs, *values.shape[1:]), dtype=values.dtype)
+        self._env_values[acted_envs] = values
         ready = []
         if self._waiting is not None:
             waiting, self._waiting = self._waiting, None
-            ready.append(self._with_priority(waiting, values[waiting[ENV]]))
+            here = np.ones(len(waiting[ENV]), dtype=bool) if acted is None else np.isin(waiting[ENV], acted)
+            if not here.all():
+                self._waiting = {key: value[~here] for key, value in waiting.items()}
+                waiting = {key: value[here] for key, value in waiting.items()}
+            if here.any():
+                ready.append(self._with_priority(waiting, self._env_values[waiting[ENV]]))
+        rows_envs = every if step.env_ids is None else step.env_ids  # the env of each row of the step
+        new = self.nstep.push(step.obs, step.action, step.reward, step.next_obs, step.terminated,
+                              step.truncated, values=self._env_values[rows_envs], valid=step.valid,
+                              env_ids=step.env_ids)
         if new is not None:
-            ended = (step.terminated | step.truncated)[new[ENV]]
-            if not ended.any():
-                self._waiting = new
+            row_of = np.empty(self.num_envs, dtype=np.int64)
+            row_of[rows_envs] = np.arange(len(rows_envs))
+            ended = (step.terminated | step.truncated)[row_of[new[ENV]]]
+            if ended.all():
+                ready.append(self._with_priority(new, self._final_values(new, step.next_obs, row_of)))
+            elif not ended.any():
+                self._waiting = new if self._waiting is None else _joined([self._waiting, new])
             else:
-                if not ended.all():
-                    self._waiting = {key: value[~ended] for key, value in new.items()}
-                    new = {key: value[ended] for key, value in new.items()}
-                ready.append(self._with_priority(new, self._final_values(new, step.next_obs)))
+                going = {key: value[~ended] for key, value in new.items()}
+                self._waiting = going if self._waiting is None else _joined([self._waiting, going])
+                new = {key: value[ended] for key, value in new.items()}
+                ready.append(self._with_priority(new, self._final_values(new, step.next_obs, row_of)))
         if not ready:
             return None
-        if len(ready) == 1:
-            return ready[0]
-        return {key: np.concatenate([part[key] for part in ready]) for key in ready[0]}
+        return ready[0] if len(ready) == 1 else _joined(ready)
 
-    def _final_values(self, ended: dict[str, np.ndarray], next_obs: np.ndarray) -> np.ndarray:
+    def _final_values(self, ended: dict[str, np.ndarray], next_obs: np.ndarray, row_of: np.ndarray) -> np.ndarray:
         """Bootstrap values of transitions of ended episodes: none needed where the episode
         terminated (discount 0: zeros); one forward pass over the final observations of the envs
-        truncated (one row per env, however many transitions it flushed)."""
+        truncated (one row per env, however many transitions it flushed; ``row_of``: each env's
+        row of ``next_obs``)."""
         assert self.reuse is not None
         first = ended[FIRST_VALUES]
         boot = np.zeros_like(first)
         truncated = ended["discount"] > 0
         if truncated.any():
             envs, row = np.unique(ended[ENV][truncated], return_inverse=True)
-            boot[truncated] = self.reuse.values(next_obs[envs])[row]
+            boot[truncated] = self.reuse.values(next_obs[row_of[envs]])[row]
         return boot
 
     def _with_priority(self, batch: dict[str, np.ndarray], boot: np.ndarray) -> dict[str, np.ndarray]:
