@@ -346,6 +346,24 @@ def test_replay_rows(tmp_path: Path) -> None:
     assert "capacity 1,000,000" in atari["note"] and "GiB" in atari["note"]
 
 
+def test_envs_rows(tmp_path: Path) -> None:
+    """EnvPool against the gymnasium chain, env alone and inside the acting loop (smoke durations:
+    the figures are plumbing, the row set and their units are not)."""
+    pytest.importorskip("envpool")
+    out = tmp_path / "envs.json"
+    assert bench.main(["--only", "envs", "--smoke", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["name"] for r in rows] == ["env_pong_envpool_4", "env_pong_envpool_16", "acting_pong_gymnasium_4",
+                                         "acting_pong_envpool_4", "acting_pong_envpool_16", "acting_pong_envpool_32",
+                                         "acting_pong_envpool_32_async16"]
+    for row in rows:
+        check_schema(row)
+        check_verdict(row)
+        assert row["unit"] == "env steps/CPU-s" and positive_finite(row["measured"]), row
+    assert all(r["baseline"] == rows[0]["baseline"] and "gymnasium chain" in r["note"] for r in rows[:2])
+    assert all(r["baseline"] == 1500 and r["goal"] == ">= 1" for r in rows[2:])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
@@ -357,7 +375,8 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     errors = [r for r in rows if r["note"].startswith("error:")]
     assert code == 0 and not errors, errors
     by_name = {r["name"]: r for r in rows}
-    expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari", "actor_cartpole_dqn",
+    expected = {"replay_bytes_cartpole_dqn", "replay_bytes_frames", "replay_bytes_atari", "env_pong_envpool_16",
+                "acting_pong_envpool_32_async16", "actor_cartpole_dqn",
                 "actor_pendulum_sac", "actor_pong_dqn", "cnn_learner_b32_cpu",
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
                 "transport_atari_64_direct", "transport_proxy_cpu_paced", "learner_opt_steps",

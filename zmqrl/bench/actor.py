@@ -31,6 +31,8 @@ CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml", "pong_dqn.yaml")
 MODEL_INTERVAL_S = 0.1  # a new model version this often, as a learner with a short sync interval sends them
 # A 6.7 MB Nature CNN every second: a GPU learner at ~100 updates/s and sync_interval 100.
 MODEL_INTERVALS_S = {"pong_dqn.yaml": 1.0}
+# Smoke runs (plumbing only) act for half a second: too short to fill Pong's batches of 1,024.
+SMOKE_OVERRIDES = {"pong_dqn.yaml": ["actor.n_buffer=64"]}
 
 
 def sink(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
@@ -114,7 +116,7 @@ def measure(c: Context, path: Path) -> Row:
 
     s = c.settings
     torch.set_num_threads(1)
-    overrides = ["actor.nice=0"]
+    overrides = ["actor.nice=0", *(SMOKE_OVERRIDES.get(path.name, []) if s.mode == "smoke" else [])]
     cfg = load_config(path, *overrides)
     tag = cfg.run.name
     interval = MODEL_INTERVALS_S.get(path.name, MODEL_INTERVAL_S)
