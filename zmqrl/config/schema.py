@@ -47,8 +47,7 @@ class EnvConfig:
     frame_stack: int = 4  # frames stacked by the frame_stack wrapper
     backend: str = "auto"  # gymnasium, envpool, or auto: EnvPool for Atari ids where it is installed
     threads: int = 1  # EnvPool worker threads per process (one actor per core: 1)
-    batch: int = 0  # EnvPool: act for the first `batch` envs that are ready while the others step
-    #                 (asynchronous; num_envs / 2 overlaps the forward with env steps); 0 = all envs each step
+    batch: int = 0  # EnvPool: act for the `batch` envs that are ready while the rest step (async); 0: all, each step
 
 
 @dataclass
@@ -92,7 +91,7 @@ class ReplayConfig:
     beta_steps: int = 20_000  # optimisation steps over which beta anneals to 1
     priority_eps: float = 1e-6  # added to |td error| before the exponent
     dedup_frames: bool = True  # store each distinct uint8 image frame of obs/next_obs once
-    compress: str = "none"  # none, lz4 or zstd: frames kept compressed in replay, decompressed when sampled
+    compress: str = "none"  # none, lz4 or zstd: replay's frames kept compressed, decompressed when sampled
 
 
 @dataclass
@@ -127,13 +126,11 @@ class ActorConfig:
     eps_decay_steps: int = 0  # each actor starts at agent.eps_start and reaches its eps above after this many
     #                           of its own env steps (linearly); 0 = its eps from the first step, as in Ape-X
     num_actors: int = 2  # N in the formula above; the local launcher sets it
-    eps_per_env: bool = False  # the formula over env slots: slot j of actor i is i * env.num_envs + j of
-    #                            N * env.num_envs (Ape-X's one env per actor, with many envs per process)
+    eps_per_env: bool = False  # the formula over env slots, not actors: actor i's env j is i * env.num_envs + j
     compute_priorities: bool = True  # send initial priorities computed with the local model
     send_hwm: int = 16  # batches queued towards the proxy before send blocks
     backend: str = "auto"  # policy forward in actors and the evaluator: auto (numpy for MLPs), numpy, torch
-    device: str = "cpu"  # where an actor's policy runs: cpu, or cuda (cuda:N, auto) for one batched forward
-    #                      over all its envs on its host's GPU
+    device: str = "cpu"  # where an actor's policy runs: cpu, or cuda (cuda:N, auto): its forward on the host's GPU
     nice: int = 0  # raise the actor process's niceness so the learner wins a shared CPU (0 = unchanged)
 
 
