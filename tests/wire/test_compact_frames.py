@@ -48,24 +48,11 @@ CATCH = REPO / "configs" / "catch_dqn.yaml"
 
 @pytest.fixture(scope="module")
 def pong() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """256 transitions of 4 Pong envs from the actor's acting loop (n-step, priorities), and the run's batch spec."""
+    """256 transitions of the Pong config's actor (its acting loop: n-step, priorities), and the run's batch spec."""
     pytest.importorskip("ale_py")
-    from zmqrl.run.acting import ActingLoop, make_task
+    from zmqrl.bench.transport import pong_transitions
 
-    cfg = config.load(PONG, [])
-    task = make_task(cfg)
-    loop = ActingLoop(cfg, task.policy(5, backend=cfg.actor.backend), task.exploration(0), 5, priorities=True)
-    parts, n = [], 0
-    try:
-        while n < 256:
-            acted = loop.step()
-            if acted.transitions is not None:
-                parts.append(acted.transitions)
-                n += len(acted.transitions["reward"])
-    finally:
-        loop.close()
-    batch = {k: np.concatenate([p[k] for p in parts])[:256] for k in parts[0]}
-    return dict(task.batch_spec()), batch
+    return pong_transitions(256, seed=5, config=str(PONG))
 
 
 def needs(codec: str) -> None:

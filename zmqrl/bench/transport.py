@@ -284,7 +284,7 @@ FRAME_GOAL = 1.1  # frames' bytes per transition on the wire (uncompressed), the
 
 def pong_transitions(n: int, seed: int = 1, config: str = "configs/pong_dqn.yaml"
                      ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """``n`` transitions of the shipped Pong config's actor (its acting loop: 4 envs, 3-step, priorities)
+    """``n`` transitions of the shipped Pong config's actor (its acting loop: n-step, priorities)
     in the order an actor batches them, and the run's batch spec."""
     from zmqrl.config import load
     from zmqrl.run.acting import ActingLoop, make_task
