@@ -20,7 +20,7 @@ from zmqrl.bench.sprint import actor_rates
 
 REPO = Path(__file__).resolve().parents[2]
 CATCH = REPO / "configs" / "catch_dqn.yaml"
-BUDGET_S = 80.0
+BUDGET_S = 110.0  # the bench gets a fifth: its smoke run takes ~15 s of it on 2 busy cores
 
 
 def sprint(out: Path, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:

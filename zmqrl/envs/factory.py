@@ -5,7 +5,9 @@ or, for Atari where ``env.backend`` picks it, an EnvPool pool with the same sema
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -134,7 +136,13 @@ def make_eval_vector(cfg: EnvConfig, num_envs: int) -> SyncVectorEnv | pool.Pool
 
 
 def spaces(cfg: EnvConfig) -> tuple[gym.spaces.Space, gym.spaces.Space]:
-    """The (single-env) observation and action spaces."""
+    """The (single-env) observation and action spaces.
+
+    An Atari config on ``env.backend: auto`` takes them from the gymnasium chain where ale-py is
+    there: the same spaces as EnvPool's (``tests/envs/test_pool.py``), without the second and a half
+    importing EnvPool costs a role that only needs the spaces (a learner, a proxy)."""
+    if cfg.backend == "auto" and pool.pool_task(cfg.id) and importlib.util.find_spec("ale_py") is not None:
+        cfg = dataclasses.replace(cfg, backend="gymnasium")
     env = make_env(cfg)
     try:
         return env.observation_space, env.action_space
