@@ -64,6 +64,32 @@ class _Codec:
                                      "or the zmqrl[compress] extra)") from None
 
 
+class Fingerprints:
+    """64-bit fingerprints of frames of one byte length: each frame's bytes as uint64 words (the
+    last zero-padded) times fixed random odd multipliers, summed mod 2**64; one integer matrix
+    product per batch. Equal frames have equal fingerprints; callers compare the bytes of frames
+    whose fingerprints are equal before they treat them as one (the replay's frame pool, and
+    batches that carry each frame once on the wire, :mod:`zmqrl.wire.compact`)."""
+
+    def __init__(self, frame_nbytes: int) -> None:
+        self.nbytes = int(frame_nbytes)
+        self.words = -(-self.nbytes // 8)
+        rng = np.random.default_rng(_FINGERPRINT_SEED)
+        self.mult = rng.integers(0, 2**63, size=self.words, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+
+    def as_words(self, frames: np.ndarray) -> np.ndarray:
+        """Frames ``(N, ...)`` of ``nbytes`` bytes each as ``(N, words)`` uint64 (a view where the length allows)."""
+        flat = np.ascontiguousarray(frames).reshape(frames.shape[0], -1).view(np.uint8)
+        pad = self.words * 8 - flat.shape[1]
+        if pad:
+            flat = np.pad(flat, ((0, 0), (0, pad)))
+        return flat.view(np.uint64)
+
+    def of(self, words: np.ndarray) -> np.ndarray:
+        """The fingerprints of frames given as :meth:`as_words`."""
+        return words @ self.mult  # (wraps mod 2**64)
+
+
 def check_codec(codec: str) -> None:
     """Raise ``ConfigError`` (naming ``replay.compress``) unless ``codec`` is known and installed here."""
     if codec != "none":
@@ -84,7 +110,7 @@ class FramePool:
         self.frame_shape = tuple(int(d) for d in frame_shape)
         self.dtype = np.dtype(dtype)
         self.frame_nbytes = int(np.prod(self.frame_shape, dtype=np.int64)) * self.dtype.itemsize
-        self._words = -(-self.frame_nbytes // 8)  # frame length in uint64 words (zero-padded)
+        self._prints = Fingerprints(self.frame_nbytes)
         self.compress = compress
         self._codec = None if compress == "none" else _Codec(compress, self.frame_nbytes)
         reserve = max(1, int(reserve))
@@ -97,8 +123,7 @@ class FramePool:
         self.high = 0  # slots ever used: [0, high) may hold frames
         self._free: list[int] = []  # released slots below ``high``, reused before new ones
         self._index: dict[int, int] = {}  # fingerprint -> slot of a live frame with it
-        rng = np.random.default_rng(_FINGERPRINT_SEED)
-        self._mult = rng.integers(0, 2**63, size=self._words, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        self._mult = self._prints.mult  # (the multipliers, shared: tests force collisions through them)
         # The compressed arena: slot -> (offset, length); extents of whole granules; freed extents by granules.
         self._arena = np.empty(0, dtype=np.uint8)
         self._top = 0  # arena bytes ever handed out: [0, top) holds extents, live or free
@@ -138,7 +163,7 @@ class FramePool:
         if n == 0:
             return np.zeros(0, dtype=np.int32)
         words = self._as_words(frames)
-        fps = words @ self._mult  # wraps mod 2**64
+        fps = self._prints.of(words)
         uniq, first, inverse = np.unique(fps, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         if max_new is not None:
@@ -261,11 +286,7 @@ class FramePool:
         self.fingerprint = np.concatenate([self.fingerprint, np.zeros(size - self.fingerprint.size, np.uint64)])
 
     def _as_words(self, frames: np.ndarray) -> np.ndarray:
-        flat = np.ascontiguousarray(frames).reshape(frames.shape[0], -1).view(np.uint8)
-        pad = self._words * 8 - flat.shape[1]
-        if pad:
-            flat = np.pad(flat, ((0, 0), (0, pad)))
-        return flat.view(np.uint64)
+        return self._prints.as_words(frames)
 
     # ------------------------------------------------------------------ the compressed arena
     def _pack(self, slots: np.ndarray, frames: np.ndarray) -> None:
@@ -353,7 +374,7 @@ class FramePool:
         self.high = high
         self.fingerprint[:] = 0
         for start in range(0, high, 65536):
-            self.fingerprint[start : start + 65536] = self._as_words(frames[start : start + 65536]) @ self._mult
+            self.fingerprint[start : start + 65536] = self._prints.of(self._as_words(frames[start : start + 65536]))
         self._free = np.flatnonzero(refcount == 0)[::-1].tolist()
         self._index = {}
         for slot, fp in zip(live.tolist(), self.fingerprint[live].tolist(), strict=True):

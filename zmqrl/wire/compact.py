@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from zmqrl.replay.frames import Fingerprints  # (numpy only: the replay's frame fingerprints)
+
 from .protocol import DEFAULT_LIMITS, Limits, Message, WireError
 
 IMAGE_FIELDS = ("obs", "next_obs")  # fields whose uint8 image frames may travel once per batch
@@ -36,7 +38,6 @@ CODEC_ARRAYS = {codec: name for name, codec in FRAME_ARRAYS.items()}
 CODECS = tuple(CODEC_ARRAYS)
 FRAMES_META = "frames"  # meta key of a compressed batch: how many frames its bytes hold
 INDEX_DTYPE = np.dtype("<i4")
-_FINGERPRINT_SEED = 0x5EED
 
 
 def index_name(field: str) -> str:
@@ -100,31 +101,12 @@ def check_codec(codec: str) -> None:
             raise ValueError(f"net.compress={codec}: {exc}") from None
 
 
-class Fingerprints:
-    """64-bit fingerprints of frames of one byte length: the frame's words times random odd
-    multipliers, summed mod 2**64 (one integer matrix product per batch)."""
-
-    def __init__(self, frame_nbytes: int) -> None:
-        self.nbytes = frame_nbytes
-        self.words = -(-frame_nbytes // 8)
-        rng = np.random.default_rng(_FINGERPRINT_SEED)
-        self.mult = rng.integers(0, 2**63, size=self.words, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-
-    def as_words(self, flat: np.ndarray) -> np.ndarray:
-        """Frames ``(N, nbytes)`` uint8 as ``(N, words)`` uint64 (a view where the length allows)."""
-        if self.nbytes % 8 == 0:
-            return np.ascontiguousarray(flat).view(np.uint64)
-        words = np.zeros((flat.shape[0], self.words), np.uint64)
-        words.view(np.uint8)[:, :self.nbytes] = flat
-        return words
-
-
 def dedup(flat: np.ndarray, prints: Fingerprints) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of ``flat`` (N, nbytes) uint8: the row index of each distinct frame (its first
     occurrence) and, per row, the int32 number of its distinct frame. Rows are shared only when
     their bytes are equal."""
     words = prints.as_words(flat)
-    fps = words @ prints.mult  # (wraps mod 2**64)
+    fps = prints.of(words)
     _, first, inverse = np.unique(fps, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1).astype(np.int32)
     same = first[inverse]
