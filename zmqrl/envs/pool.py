@@ -127,7 +127,7 @@ def make_pool(cfg: EnvConfig, seeds: Sequence[int], training: bool, noop_max: in
 def _in_env_order(pool_out: tuple[Any, ...], info: dict[str, Any]) -> tuple[Any, ...]:
     """A synchronous pool's results are in env order already; this keeps them so if a pool ever is not."""
     ids = np.asarray(info["env_id"])
-    if np.all(ids[:-1] < ids[1:]) if ids.size > 1 else True:
+    if np.all(np.diff(ids) > 0):
         return pool_out
     order = np.argsort(ids)
     return tuple(x[order] if isinstance(x, np.ndarray) else x for x in pool_out)

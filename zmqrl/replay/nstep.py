@@ -121,7 +121,7 @@ class NStepBuilder:
         parts = []
         full = np.flatnonzero((self._count == self.n) & ~ended)  # skipped envs have none pending
         if full.size:
-            parts.append(self._emit_full(slot, full, next_obs))
+            parts.append(self._emit_full(slot, full, next_obs[full]))
         for env in np.flatnonzero(ended):
             parts.append(self._flush(slot, int(env), next_obs[env], bool(term[env])))
             self._count[env] = 0
@@ -181,20 +181,7 @@ class NStepBuilder:
         parts = []
         full = np.flatnonzero((self._count[ids] == self.n) & ~ended)
         if full.size:
-            envs = ids[full]
-            oldest = (slots[full] + 1) % self.n
-            order = (oldest[:, None] + np.arange(self.n)) % self.n  # (envs, n), oldest first
-            batch = {
-                "obs": self._obs[oldest, envs],
-                "action": self._action[oldest, envs],
-                "reward": (self._reward[order, envs[:, None]] @ self._powers).astype(np.float32),
-                "next_obs": next_obs[full],
-                "discount": np.full(envs.size, self.gamma**self.n, dtype=np.float32),
-            }
-            if self._values is not None:
-                batch[FIRST_VALUES] = self._values[oldest, envs]
-                batch[ENV] = envs
-            parts.append(batch)
+            parts.append(self._emit_full(slots[full], ids[full], next_obs[full]))
         for row in np.flatnonzero(ended):
             parts.append(self._flush(int(slots[row]), int(ids[row]), next_obs[row], bool(term[row])))
             self._count[ids[row]] = 0
@@ -202,17 +189,17 @@ class NStepBuilder:
             return None
         return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
-    def _emit_full(self, slot: int, envs: np.ndarray, next_obs: np.ndarray) -> Batch:
-        """Transitions from the oldest of ``n`` pending steps of each env in ``envs``."""
+    def _emit_full(self, slots: np.ndarray | int, envs: np.ndarray, next_obs: np.ndarray) -> Batch:
+        """Transitions from the oldest of ``n`` pending steps of each env in ``envs``, whose newest
+        step is in ring slot ``slots`` (one per env, or one for all); ``next_obs``: one row per env."""
         assert self._obs is not None and self._action is not None
-        oldest = (slot + 1) % self.n
-        order = (oldest + np.arange(self.n)) % self.n
-        ret = self._powers @ self._reward[order][:, envs]
+        oldest = (np.asarray(slots) + 1) % self.n
+        order = (np.broadcast_to(oldest, envs.shape)[:, None] + np.arange(self.n)) % self.n  # (envs, n), oldest first
         batch = {
             "obs": self._obs[oldest, envs],
             "action": self._action[oldest, envs],
-            "reward": ret.astype(np.float32),
-            "next_obs": next_obs[envs],
+            "reward": (self._reward[order, envs[:, None]] @ self._powers).astype(np.float32),
+            "next_obs": next_obs,
             "discount": np.full(envs.size, self.gamma**self.n, dtype=np.float32),
         }
         if self._values is not None:
