@@ -147,12 +147,26 @@ class ReplayBuffer(Protocol):
         non-finite priorities, more new frames than ``max_new_frames``) is a ValueError, nothing stored."""
         ...
 
+    def add_frames(self, batch: Mapping[str, np.ndarray], frames: np.ndarray, frame_indices: Mapping[str, np.ndarray],
+                   priorities: np.ndarray | None = None, max_new_frames: int | None = None,
+                   fingerprints: np.ndarray | None = None) -> np.ndarray:
+        """Store a batch whose image fields come as their distinct ``frames`` and, per field, indices into
+        them (as the wire carries them): the items :meth:`add` would store with the stacks
+        ``frames[indices]``, without building the stacks where replay keeps each frame once."""
+        ...
+
     def sample(self, batch_size: int) -> Batch:
         """A batch with ``indices`` and ``weights`` added."""
         ...
 
-    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        """New priorities for previously sampled indices."""
+    @property
+    def num_added(self) -> int:
+        """Items ever added: what :meth:`update_priorities` takes as ``sampled_at``."""
+        ...
+
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray, sampled_at: int | None = None) -> None:
+        """New priorities for previously sampled indices; with ``sampled_at`` (:attr:`num_added` when the
+        batch was sampled), items written since then keep theirs."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

@@ -140,14 +140,15 @@ def test_save_load_round_trip_with_frames(tmp_path: Path) -> None:
     check_refcounts(dst)
 
 
-def test_mismatched_stack_axis_stores_whole_images_once() -> None:
+def test_channels_last_images_are_stored_as_frames_of_their_last_two_axes() -> None:
     batches = stacked_stream(80, seed=2)
     channels_last = [{k: (np.moveaxis(v, 1, -1).copy() if k in ("obs", "next_obs") else v) for k, v in b.items()}
                      for b in batches]
     plain = UniformReplay(30)
-    shared = UniformReplay(30, frame_stack=STACK)  # (12, 12, 4) items: not split, one frame per item
+    shared = UniformReplay(30, frame_stack=STACK)  # (12, 12, 4) items: 12 frames of (12, 4) each
     fill([plain, shared], channels_last)
-    assert shared._frame_refs["obs"].shape == (30, 1)
+    assert shared._frame_refs["obs"].shape == (30, 12) and shared._pool is not None
+    assert shared._pool.frame_shape == (12, 4)
     assert_same_contents(shared, plain)
     check_refcounts(shared)
 
@@ -191,3 +192,116 @@ def test_make_replay_from_config_pools_stacked_atari_frames(tmp_path: Path) -> N
     assert replay._frame_stack == 4
     off = make_replay_from(load_config(path, ["replay.dedup_frames=false"]))
     assert off._frame_stack == 0
+
+
+# ------------------------------------------------------------------------- frames as the wire brings them
+
+
+def compact(batch: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
+    """A batch as the wire brings it: the other fields, its distinct frames, each image field's indices."""
+    from zmqrl.wire.compact import FrameCompactor
+
+    arrays, _ = FrameCompactor(("obs", "next_obs")).compact(batch)
+    assert "frames" in arrays
+    frames = arrays.pop("frames")
+    indices = {k: arrays.pop(f"{k}_frames") for k in ("obs", "next_obs")}
+    return arrays, frames, indices
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+@pytest.mark.parametrize("compress", ["none", "lz4"])
+def test_frames_as_they_came_are_the_same_items_as_their_stacks(prioritized: bool, compress: str) -> None:
+    """``add_frames`` (frames once, no stack built) against ``add`` of the stacks, through wraparound:
+    the same items, the same samples, the same frames held once; a replay that keeps stacks as given
+    builds them from the frames."""
+    stacks = make_replay(64, prioritized, seed=3, frame_stack=STACK, compress=compress)
+    frames_once = make_replay(64, prioritized, seed=3, frame_stack=STACK, compress=compress)
+    given = make_replay(64, prioritized, seed=3)
+    rng = np.random.default_rng(1)
+    batches = stacked_stream(200)
+    for i in range(0, len(batches), 5):
+        batch = {k: np.concatenate([b[k] for b in batches[i:i + 5]]) for k in batches[i]}
+        prio = rng.random(len(batch["reward"]))
+        stacks.add(batch, priorities=prio)
+        rest, frames, indices = compact(batch)
+        frames_once.add_frames(rest, frames, indices, priorities=prio)
+        given.add_frames(rest, frames, indices, priorities=prio)
+        assert frames_once.new_frames == stacks.new_frames
+    assert frames_once.num_added == stacks.num_added > 3 * stacks.capacity
+    assert_same_contents(frames_once, stacks)
+    assert_same_contents(given, stacks)
+    check_refcounts(frames_once)
+    assert frames_once._pool is not None and stacks._pool is not None
+    assert len(frames_once._pool) == len(stacks._pool)
+    for _ in range(3):
+        a, b = frames_once.sample(16), stacks.sample(16)
+        for key in b:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_frames_no_index_names_are_not_kept_and_given_fingerprints_are_checked() -> None:
+    replay = make_replay(32, True, seed=0, frame_stack=STACK)
+    plain = make_replay(32, True, seed=0)
+    batch = {k: v[:6] for k, v in stacked_stream(8)[-1].items()}
+    rest, frames, indices = compact(batch)
+    extra = np.random.default_rng(5).integers(0, 256, (7, SIDE, SIDE), dtype=np.uint8)  # named by no index
+    wrong = np.zeros(len(frames) + 7, np.uint64)  # every fingerprint the same: the bytes still decide
+    replay.add_frames(rest, np.concatenate([frames, extra]), indices, fingerprints=wrong)
+    plain.add(batch)
+    assert_same_contents(replay, plain)
+    check_refcounts(replay)
+    assert replay._pool is not None and len(replay._pool) == len(np.unique(frames.reshape(len(frames), -1), axis=0))
+
+
+@pytest.mark.parametrize("what", ["index past the frames", "negative index", "float indices", "indices of a stack less",
+                                  "frames of another size", "int16 frames", "an image field without indices",
+                                  "a field too many", "more new frames than allowed"])
+def test_frames_or_indices_that_do_not_fit_are_refused_and_nothing_is_stored(what: str) -> None:
+    replay = make_replay(32, True, seed=0, frame_stack=STACK)
+    first = {k: v[:4] for k, v in stacked_stream(8, seed=1)[-1].items()}
+    replay.add(first)
+    before = (len(replay), replay.num_added, replay.state_dict(), replay._pool.high if replay._pool else 0)
+    rest, frames, indices = compact({k: v[:6] for k, v in stacked_stream(8, seed=2)[-1].items()})
+    k, max_new = len(frames), None
+    if what == "index past the frames":
+        indices["obs"] = np.full_like(indices["obs"], k)
+    elif what == "negative index":
+        indices["next_obs"] = np.full_like(indices["next_obs"], -1)
+    elif what == "float indices":
+        indices["obs"] = indices["obs"].astype(np.float32)
+    elif what == "indices of a stack less":
+        indices["obs"] = indices["obs"][:, 1:]
+    elif what == "frames of another size":
+        frames = np.zeros((k, SIDE, SIDE + 1), np.uint8)
+    elif what == "int16 frames":
+        frames = frames.astype(np.int16)
+    elif what == "an image field without indices":
+        del indices["next_obs"]
+    elif what == "a field too many":
+        rest["extra"] = np.zeros(6, np.float32)
+    else:
+        max_new = 2
+    with pytest.raises(ValueError):
+        replay.add_frames(rest, frames, indices, max_new_frames=max_new)
+    assert (len(replay), replay.num_added, replay.state_dict(), replay._pool.high if replay._pool else 0) == before
+    check_refcounts(replay)
+
+
+def test_priorities_of_a_batch_skip_the_items_written_since_it_was_drawn() -> None:
+    """The learner writes a step's priorities one step late; items added meanwhile that took the place
+    of some the step drew keep their own priority (``sampled_at``), the rest get the step's."""
+    replay = make_replay(10, True, seed=0, alpha=1.0, eps=0.0)
+    def batch(n: int, start: int) -> dict[str, np.ndarray]:
+        return {"obs": np.arange(start, start + n, dtype=np.float32)[:, None], "reward": np.zeros(n, np.float32)}
+    replay.add(batch(10, 0), priorities=np.ones(10))
+    drawn, sampled_at = np.arange(10), replay.num_added
+    replay.add(batch(3, 10), priorities=np.full(3, 7.0))  # slots 0, 1, 2 now hold new items
+    assert replay.written_since(drawn, sampled_at).tolist() == [True] * 3 + [False] * 7
+    replay.update_priorities(drawn, np.full(10, 2.0), sampled_at=sampled_at)
+    np.testing.assert_allclose(replay.tree.get(drawn), [7.0] * 3 + [2.0] * 7)
+    replay.update_priorities(drawn, np.full(10, 3.0))  # without sampled_at: every one
+    np.testing.assert_allclose(replay.tree.get(drawn), np.full(10, 3.0))
+    replay.add(batch(25, 20))  # more than the whole ring since: nothing of the batch is left
+    assert replay.written_since(drawn, sampled_at).all()
+    replay.update_priorities(drawn, np.full(10, 9.0), sampled_at=replay.num_added - 25)
+    assert not np.any(replay.tree.get(drawn) == 9.0)

@@ -18,82 +18,13 @@ decompresses each distinct slot of a batch once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
-_FINGERPRINT_SEED = 0x5EED
-CODECS = ("none", "lz4", "zstd")
+from zmqrl.frames import Codec, Fingerprints, check_codec
+
 ZSTD_LEVEL = 3  # zstd's default: on Pong frames as small as level 1's output, and faster to decompress
 GRANULE = 16  # arena extents are whole granules, so a freed extent fits the next frame of its size class
 _INDEX_ENTRY_BYTES = 100  # a dict entry and its two ints
-
-
-def _codec_error(codec: str, why: str) -> ValueError:
-    from zmqrl.config import ConfigError  # (the config package is a leaf; imported only to report)
-
-    return ConfigError(f"replay.compress={codec!r}: {why}")
-
-
-class _Codec:
-    """Compression of single frames of ``frame_nbytes`` bytes (no size or checksum headers)."""
-
-    def __init__(self, name: str, frame_nbytes: int) -> None:
-        if name not in CODECS or name == "none":
-            raise _codec_error(name, f"expected one of {list(CODECS)}")
-        self.name, self.frame_nbytes = name, frame_nbytes
-        self.compress: Callable[[memoryview], bytes]
-        self.decompress: Callable[[memoryview], bytes]
-        try:
-            if name == "lz4":
-                import lz4.block
-
-                self.compress = lambda data: lz4.block.compress(data, store_size=False)
-                self.decompress = lambda data: lz4.block.decompress(data, uncompressed_size=frame_nbytes)
-            else:
-                import zstandard
-
-                packer = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=False, write_checksum=False,
-                                                  write_dict_id=False)
-                unpacker = zstandard.ZstdDecompressor()
-                self.compress = packer.compress
-                self.decompress = lambda data: unpacker.decompress(data, max_output_size=frame_nbytes)
-        except ImportError:
-            package = "lz4" if name == "lz4" else "zstandard"
-            raise _codec_error(name, f"the {package} package is not installed here (pip install {package}, "
-                                     "or the zmqrl[compress] extra)") from None
-
-
-class Fingerprints:
-    """64-bit fingerprints of frames of one byte length: each frame's bytes as uint64 words (the
-    last zero-padded) times fixed random odd multipliers, summed mod 2**64; one integer matrix
-    product per batch. Equal frames have equal fingerprints; callers compare the bytes of frames
-    whose fingerprints are equal before they treat them as one (the replay's frame pool, and
-    batches that carry each frame once on the wire, :mod:`zmqrl.wire.compact`)."""
-
-    def __init__(self, frame_nbytes: int) -> None:
-        self.nbytes = int(frame_nbytes)
-        self.words = -(-self.nbytes // 8)
-        rng = np.random.default_rng(_FINGERPRINT_SEED)
-        self.mult = rng.integers(0, 2**63, size=self.words, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-
-    def as_words(self, frames: np.ndarray) -> np.ndarray:
-        """Frames ``(N, ...)`` of ``nbytes`` bytes each as ``(N, words)`` uint64 (a view where the length allows)."""
-        flat = np.ascontiguousarray(frames).reshape(frames.shape[0], -1).view(np.uint8)
-        pad = self.words * 8 - flat.shape[1]
-        if pad:
-            flat = np.pad(flat, ((0, 0), (0, pad)))
-        return flat.view(np.uint64)
-
-    def of(self, words: np.ndarray) -> np.ndarray:
-        """The fingerprints of frames given as :meth:`as_words`."""
-        return words @ self.mult  # (wraps mod 2**64)
-
-
-def check_codec(codec: str) -> None:
-    """Raise ``ConfigError`` (naming ``replay.compress``) unless ``codec`` is known and installed here."""
-    if codec != "none":
-        _Codec(codec, 1)
 
 
 class FramePool:
@@ -112,7 +43,8 @@ class FramePool:
         self.frame_nbytes = int(np.prod(self.frame_shape, dtype=np.int64)) * self.dtype.itemsize
         self._prints = Fingerprints(self.frame_nbytes)
         self.compress = compress
-        self._codec = None if compress == "none" else _Codec(compress, self.frame_nbytes)
+        check_codec(compress, "replay.compress")
+        self._codec = None if compress == "none" else Codec(compress, level=ZSTD_LEVEL)
         reserve = max(1, int(reserve))
         if self._codec is None:
             self.frames = np.empty((reserve, *self.frame_shape), dtype=self.dtype)
@@ -153,17 +85,25 @@ class FramePool:
         return int(self._length[: self.high].sum()) if self._codec is not None else 0
 
     # ------------------------------------------------------------------ writing
-    def intern(self, frames: np.ndarray, max_new: int | None = None) -> np.ndarray:
-        """Store frames ``(N, *frame_shape)`` not already held; return their int32 slots, each +1 ref.
+    def intern(self, frames: np.ndarray, max_new: int | None = None, *, fingerprints: np.ndarray | None = None,
+               refs: np.ndarray | None = None) -> np.ndarray:
+        """Store frames ``(N, *frame_shape)`` not already held; return their int32 slots, each with
+        ``refs`` more references (one per frame by default; each at least one).
 
         ``max_new``: a ValueError, with nothing stored, when the frames would take more than this many
         new slots (distinct frames not held yet; a caller's budget against data that does not share).
+        ``fingerprints``: the frames' fingerprints (:class:`~zmqrl.frames.Fingerprints` of this pool's
+        frame size), where the caller has them already; frames are still compared byte for byte
+        before they are shared, so a wrong one costs a slot, never a wrong frame.
         """
         n = frames.shape[0]
         if n == 0:
             return np.zeros(0, dtype=np.int32)
         words = self._as_words(frames)
-        fps = self._prints.of(words)
+        fps = self._prints.of(words) if fingerprints is None else np.asarray(fingerprints, dtype=np.uint64)
+        counts = np.ones(n, dtype=np.int64) if refs is None else np.asarray(refs, dtype=np.int64).reshape(-1)
+        if fps.shape != (n,) or counts.shape != (n,) or (refs is not None and counts.min() < 1):
+            raise ValueError(f"frame pool: {n} frames need {n} fingerprints and {n} reference counts of at least 1")
         uniq, first, inverse = np.unique(fps, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         if max_new is not None:
@@ -174,11 +114,13 @@ class FramePool:
                                  "(frames that share nothing with what replay holds)")
         slots = self._lookup_or_store(uniq, frames[first], words[first])[inverse]
         # Equal fingerprints inside the batch: share only frames equal to the group's first.
-        differs = ~np.all(words == words[first[inverse]], axis=1)
-        for row in np.flatnonzero(differs):
-            slots[row] = self._store(frames[row : row + 1], fps[row : row + 1], index=False)[0]
-        used, counts = np.unique(slots, return_counts=True)
-        self.refcount[used] += counts.astype(np.int32)
+        repeated = np.flatnonzero(first[inverse] != np.arange(n))
+        if repeated.size:
+            differs = repeated[~np.all(words[repeated] == words[first[inverse[repeated]]], axis=1)]
+            for row in differs.tolist():
+                slots[row] = self._store(frames[row : row + 1], fps[row : row + 1], index=False)[0]
+        used, where = np.unique(slots, return_inverse=True)
+        self.refcount[used] += np.bincount(where.reshape(-1), weights=counts, minlength=used.size).astype(np.int32)
         return slots.astype(np.int32)
 
     def release(self, slots: np.ndarray) -> None:
@@ -224,12 +166,9 @@ class FramePool:
         """The raw bytes of the frames at distinct live ``slots``, in order."""
         assert self._codec is not None
         view = self._arena.data
-        unpack = self._codec.decompress
+        unpack, size = self._codec.unpack, self.frame_nbytes
         offsets, lengths = self._offset[slots].tolist(), self._length[slots].tolist()
-        parts = [unpack(view[o : o + n]) for o, n in zip(offsets, lengths, strict=True)]
-        if sum(map(len, parts)) != len(parts) * self.frame_nbytes:  # (none is longer: the codec's bound)
-            raise RuntimeError("frame pool: a compressed frame did not decompress to its frame size")
-        return parts
+        return [unpack(view[o : o + n], size) for o, n in zip(offsets, lengths, strict=True)]
 
     def _lookup_or_store(self, fps: np.ndarray, frames: np.ndarray, words: np.ndarray) -> np.ndarray:
         get = self._index.get
@@ -293,7 +232,7 @@ class FramePool:
         """Compress ``frames`` into extents of the arena for ``slots`` (slots without an extent)."""
         assert self._codec is not None
         flat = np.ascontiguousarray(frames).reshape(frames.shape[0], -1).view(np.uint8)
-        pack = self._codec.compress
+        pack = self._codec.pack
         blobs = [pack(row.data) for row in flat]
         for slot, blob in zip(slots.tolist(), blobs, strict=True):
             size = len(blob)

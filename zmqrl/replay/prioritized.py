@@ -156,11 +156,14 @@ class PrioritizedReplay(UniformReplay):
         out["weights"] = weights.astype(np.float32)
         return out
 
-    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray, sampled_at: int | None = None) -> None:
         """Set raw priorities (e.g. |TD error|) for previously sampled indices.
 
-        NaN and inf entries are skipped (their items keep their priority) and counted in
-        ``priorities_rejected``; mismatched lengths and indices out of range raise.
+        ``sampled_at``: :attr:`num_added` when the batch was sampled; items written since then
+        (:meth:`written_since`) keep the priority they came with, since these priorities are
+        of the items the batch drew, not of those that took their place. NaN and inf entries are
+        skipped (their items keep their priority) and counted in ``priorities_rejected``;
+        mismatched lengths and indices out of range raise.
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         prio = np.asarray(priorities, dtype=np.float64).reshape(-1)
@@ -168,6 +171,9 @@ class PrioritizedReplay(UniformReplay):
             raise ValueError(f"got {idx.size} indices but {prio.size} priorities")
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"indices must lie in [0, {len(self)})")
+        if sampled_at is not None and sampled_at != self.num_added:
+            kept = ~self.written_since(idx, sampled_at)
+            idx, prio = idx[kept], prio[kept]
         finite = np.isfinite(prio)
         if not finite.all():
             self.priorities_rejected += int(prio.size - np.count_nonzero(finite))

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from zmqrl.frames import check_codec, frame_layout, image_fields
 from zmqrl.replay.files import (
     FILE_ERRORS,
     FRAMES_KEY,
@@ -23,7 +24,7 @@ from zmqrl.replay.files import (
     encode_json,
     read_npz,
 )
-from zmqrl.replay.frames import FramePool, check_codec
+from zmqrl.replay.frames import FramePool
 
 Schema = Mapping[str, tuple[npt.DTypeLike, tuple[int, ...]]]  # key -> (dtype, per-item shape)
 _Layout = dict[str, tuple[tuple[int, ...], np.dtype]]  # the stored form: key -> (per-item shape, dtype)
@@ -68,7 +69,7 @@ class UniformReplay:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if int(frame_stack) < 0:
             raise ValueError(f"frame_stack must be >= 0, got {frame_stack}")
-        check_codec(compress)
+        check_codec(compress, "replay.compress")
         if compress != "none" and int(frame_stack) < 1:
             from zmqrl.config import ConfigError  # (the config package is a leaf; imported only to report)
 
@@ -86,7 +87,6 @@ class UniformReplay:
         self._size = 0  # number of filled slots
         self._added = 0  # items ever added (including dropped oversize items)
         self.new_frames = 0  # distinct frames the last add stored anew (0 without a frame pool)
-        self._released = 0
         self._rng = np.random.default_rng(seed)
         if schema is not None:
             self._schema = _parse_schema(schema)
@@ -103,7 +103,7 @@ class UniformReplay:
 
     @property
     def num_added(self) -> int:
-        """Total number of items ever passed to ``add``."""
+        """Total number of items ever passed to ``add`` or ``add_frames``."""
         return self._added
 
     @property
@@ -138,26 +138,95 @@ class UniformReplay:
         more new slots than this; :attr:`new_frames` says how many the last ``add`` took.
         """
         arrays, n = self._check_batch(batch)
-        prio = None
-        if priorities is not None:
-            prio = np.asarray(priorities, dtype=np.float64).reshape(-1)
-            if prio.shape[0] != n:
-                raise ValueError(f"priorities has length {prio.shape[0]}, batch has {n}")
+        prio = _priorities(priorities, n)
         if not self._schema:
             self._schema = {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}
             self._allocate()
-        if n > self._capacity:
-            arrays = {k: v[n - self._capacity :] for k, v in arrays.items()}
-            prio = None if prio is None else prio[n - self._capacity :]
-        n_keep = min(n, self._capacity)
-        indices = (self._ptr + np.arange(n_keep, dtype=np.int64)) % self._capacity
+        keep = slice(max(0, n - self._capacity), n)  # the newest ``capacity`` items
+        arrays = {k: v[keep] for k, v in arrays.items()}
+        prio = None if prio is None else prio[keep]
+        indices = self._next_indices(min(n, self._capacity))
         rows = dict(arrays)
         if self._frame_refs:
             assert self._pool is not None
-            held = len(self._pool)
-            rows.update(self._intern_frames(arrays, indices, max_new_frames))
-            self.new_frames = len(self._pool) - held + self._released
+            keys = list(self._frame_refs)
+            frames = np.concatenate([arrays[k].reshape(-1, *self._pool.frame_shape) for k in keys])
+            rows.update(self._intern(frames, None, None, max_new_frames, indices))
+        return self._write(rows, indices, prio, n)
+
+    def add_frames(self, batch: Mapping[str, np.ndarray], frames: np.ndarray, frame_indices: Mapping[str, np.ndarray],
+                   priorities: np.ndarray | None = None, max_new_frames: int | None = None,
+                   fingerprints: np.ndarray | None = None) -> np.ndarray:
+        """Store a batch whose image fields come as their distinct frames (:mod:`zmqrl.wire.compact`):
+        ``frames`` ``(K, *frame shape)`` and, per image field, integer indices into them (an item's
+        shape less the frame's last two axes: ``frames[indices]`` is the field); ``batch`` holds the
+        other fields. The items are those ``add`` would store with each
+        image field's stacks ``frames[indices]``; with a frame pool no stack is ever built: the frames
+        are interned (``fingerprints``: theirs, where the caller has them) and the indices become
+        slots. Frames no index refers to are not kept. Returns the storage indices written.
+
+        A ValueError, with nothing stored, when the frames or indices do not fit this replay's
+        images (fields, dtype, shapes, indices outside ``frames``) or, as for ``add``, the other
+        fields or priorities do not fit, or the frames would take more than ``max_new_frames`` new slots.
+        """
+        frames = np.asarray(frames)
+        if not self._schema:  # the first batch fixes the schema: the image items are what the indices make
+            shapes = {k: (tuple(np.shape(idx)[1:]) + frames.shape[1:], frames.dtype)
+                      for k, idx in frame_indices.items()}
+            arrays, _ = self._check_batch(batch)
+            self._schema = {**{k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}, **shapes}
+            self._allocate()
+        fields = self._frame_refs if self._pool is not None else {k: None for k in _image_fields(self._schema)}
+        if set(frame_indices) != set(fields) or not fields:
+            raise ValueError(f"frame indices for {sorted(frame_indices)}, this replay's image fields are "
+                             f"{sorted(fields)}")
+        rest, n = self._check_batch(batch, without=tuple(fields))
+        per_field = {k: frame_layout(self._schema[k][0]) for k in fields}
+        frame_shape = next(iter(per_field.values()))[1]
+        dtype = self._schema[next(iter(fields))][1]
+        if frames.ndim != 1 + len(frame_shape) or frames.shape[1:] != frame_shape or frames.dtype != dtype:
+            raise ValueError(f"frames are {frames.dtype}{list(frames.shape)}, expected {dtype} frames of "
+                             f"{list(frame_shape)}")
+        k = frames.shape[0]
+        indices = {}
+        for key, idx in frame_indices.items():
+            idx = np.asarray(idx)
+            per_item = per_field[key][0]
+            shape = (n, *self._schema[key][0][:-2])  # an item's leading axes: frames[idx] is the item
+            if idx.dtype.kind not in "iu" or idx.shape != shape:
+                raise ValueError(f"{key} frame indices are {idx.dtype}{list(idx.shape)}, expected integers of "
+                                 f"{list(shape)}")
+            if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= k):
+                raise ValueError(f"{key} frame indices run from {idx.min()} to {idx.max()}, outside the {k} frames")
+            indices[key] = idx.reshape(n, per_item)
+        prio = _priorities(priorities, n)
+        if self._pool is None:  # frames stored as given: the stacks are built after all
+            stacks = {key: frames[idx].reshape(n, *self._schema[key][0]) for key, idx in indices.items()}
+            return self.add({**rest, **stacks}, prio, max_new_frames)
+        if fingerprints is not None and np.shape(fingerprints) != (k,):
+            raise ValueError(f"{np.shape(fingerprints)} fingerprints for {k} frames")
+        keep = slice(max(0, n - self._capacity), n)
+        rest = {key: v[keep] for key, v in rest.items()}
+        refs = np.concatenate([indices[key][keep].reshape(-1) for key in self._frame_refs])
+        prio = None if prio is None else prio[keep]
+        rows = dict(rest)
+        at = self._next_indices(keep.stop - keep.start)
+        used, where = np.unique(refs, return_inverse=True)
+        if used.size < k:  # keep only the frames the kept items refer to
+            frames = frames[used]
+            fingerprints = None if fingerprints is None else np.asarray(fingerprints)[used]
+        rows.update(self._intern(frames, where.reshape(-1), fingerprints, max_new_frames, at))
+        return self._write(rows, at, prio, n)
+
+    def _next_indices(self, n_keep: int) -> np.ndarray:
+        """The storage indices the next ``n_keep`` items go to."""
+        return (self._ptr + np.arange(n_keep, dtype=np.int64)) % self._capacity
+
+    def _write(self, rows: Mapping[str, np.ndarray], indices: np.ndarray, prio: np.ndarray | None,
+               n: int) -> np.ndarray:
+        """Write ``rows`` (the items kept of a batch of ``n``) at ``indices``, the ring's next slots."""
         self._added += n
+        n_keep = indices.size
         first = min(n_keep, self._capacity - self._ptr)
         for key, arr in rows.items():
             store = self._frame_refs[key] if key in self._frame_refs else self._storage[key]
@@ -171,28 +240,38 @@ class UniformReplay:
     def _on_write(self, indices: np.ndarray, priorities: np.ndarray | None) -> None:
         """Hook for subclasses: called after items are written at ``indices``."""
 
-    def _intern_frames(self, arrays: Mapping[str, np.ndarray], indices: np.ndarray,
-                       max_new: int | None = None) -> dict[str, np.ndarray]:
-        """Frame slots for the frame keys of a batch about to be written at ``indices``.
+    def _intern(self, frames: np.ndarray, where: np.ndarray | None, fingerprints: np.ndarray | None,
+                max_new: int | None, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """Frame slots, per frame key, of items about to be written at ``indices``: ``frames`` are
+        their frames, key after key and item after item (``where`` None), or distinct frames that
+        ``where`` refers to in that order. Sets :attr:`new_frames`.
 
         New frames are interned before the overwritten items release theirs, so a frame the
         batch shares with an evicted item is kept, not freed and stored again.
         """
-        assert self._pool is not None
-        keys = list(self._frame_refs)
-        per_item = self._frame_refs[keys[0]].shape[1]
-        n = indices.size
-        frames = np.concatenate([arrays[k].reshape(n * per_item, *self._pool.frame_shape) for k in keys])
-        slots = self._pool.intern(frames, max_new).reshape(len(keys), n, per_item)
+        pool = self._pool
+        assert pool is not None
+        held = len(pool)
+        if where is None:
+            slots = pool.intern(frames, max_new, fingerprints=fingerprints)
+        else:
+            refs = np.bincount(where, minlength=frames.shape[0])
+            slots = pool.intern(frames, max_new, fingerprints=fingerprints, refs=refs)[where]
         evicted = indices[indices < self._size]
-        alive = len(self._pool)
+        alive = len(pool)
         if evicted.size:
-            self._pool.release(np.concatenate([self._frame_refs[k][evicted].reshape(-1) for k in keys]))
-        self._released = alive - len(self._pool)
-        return {k: slots[i] for i, k in enumerate(keys)}
+            pool.release(np.concatenate([self._frame_refs[k][evicted].reshape(-1) for k in self._frame_refs]))
+        self.new_frames = alive - held
+        out, start = {}, 0
+        for key, ring in self._frame_refs.items():
+            size = indices.size * ring.shape[1]
+            out[key] = slots[start : start + size].reshape(indices.size, ring.shape[1])
+            start += size
+        return out
 
-    def _check_batch(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
-        """Validate a batch against the stored schema; return arrays and length."""
+    def _check_batch(self, batch: Mapping[str, np.ndarray],
+                     without: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], int]:
+        """Validate a batch against the stored schema (less the keys ``without``); return arrays and length."""
         if not batch:
             raise ValueError("batch must contain at least one key")
         arrays = {str(k): np.asarray(v) for k, v in batch.items()}
@@ -206,7 +285,8 @@ class UniformReplay:
             raise ValueError(f"all keys need the same leading length, got {lengths}")
         n = next(iter(lengths.values()))
         if self._schema:
-            _match_schema(self._schema, {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}, "batch")
+            expected = {k: v for k, v in self._schema.items() if k not in without}
+            _match_schema(expected, {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}, "batch")
         return arrays, n
 
     def _allocate(self) -> None:
@@ -215,27 +295,23 @@ class UniformReplay:
         self._storage = {k: np.zeros((self._capacity, *shape), dtype=dtype)
                          for k, (shape, dtype) in self._schema.items() if k not in frame_keys}
         if frame_keys:
-            shape = self._schema[frame_keys[0]][0]
-            per_item = self._frame_stack if len(shape) >= 3 and shape[0] == self._frame_stack else 1
+            per_item = {k: frame_layout(self._schema[k][0])[0] for k in frame_keys}
             # Frames alive ~ one per item plus each episode's first frames; more grows the pool.
-            self._use_frames(frame_keys, per_item,
-                             reserve=min(2 * per_item * self._capacity, self._capacity + self._capacity // 4 + 1024))
+            most = max(per_item.values())
+            self._use_frames(per_item, reserve=min(2 * most * self._capacity,
+                                                   self._capacity + self._capacity // 4 + 1024))
 
     def _frame_layout(self) -> list[str]:
         """The frame keys of the schema, if frames are to be stored once (else empty)."""
         if self._frame_stack < 1:
             return []
-        keys = [k for k in FRAME_KEYS if k in self._schema]
-        if not keys or len({self._schema[k] for k in keys}) != 1:
-            return []
-        shape, dtype = self._schema[keys[0]]
-        return keys if dtype == np.uint8 and len(shape) >= 2 else []
+        return list(_image_fields(self._schema))
 
-    def _use_frames(self, keys: list[str], per_item: int, reserve: int) -> None:
-        """An empty frame pool and zeroed slot rings for ``keys``, ``per_item`` frames per item."""
-        shape, dtype = self._schema[keys[0]]
-        self._pool = FramePool(_frame_shape(shape, per_item), dtype, reserve, compress=self._compress)
-        self._frame_refs = {k: np.zeros((self._capacity, per_item), dtype=np.int32) for k in keys}
+    def _use_frames(self, per_item: Mapping[str, int], reserve: int) -> None:
+        """An empty frame pool and zeroed slot rings for the keys of ``per_item`` (its frames per item)."""
+        shape, dtype = self._schema[next(iter(per_item))]
+        self._pool = FramePool(frame_layout(shape)[1], dtype, reserve, compress=self._compress)
+        self._frame_refs = {k: np.zeros((self._capacity, n), dtype=np.int32) for k, n in per_item.items()}
 
     # ------------------------------------------------------------------ reading
     def get(self, indices: np.ndarray) -> dict[str, np.ndarray]:
@@ -266,8 +342,19 @@ class UniformReplay:
         if self._size == 0:
             raise ValueError("cannot sample from an empty replay")
 
-    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray, sampled_at: int | None = None) -> None:
         """No-op: uniform replay has no priorities."""
+
+    def written_since(self, indices: np.ndarray, added: int) -> np.ndarray:
+        """Which storage ``indices`` were written after :attr:`num_added` was ``added`` (bool per index):
+        their items are not the ones a batch sampled then drew."""
+        idx = np.asarray(indices, dtype=np.int64)
+        since = self._added - int(added)
+        if since <= 0:
+            return np.zeros(idx.shape, dtype=bool)
+        if since >= self._capacity:
+            return np.ones(idx.shape, dtype=bool)
+        return (self._ptr - 1 - idx) % self._capacity < since
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -385,30 +472,44 @@ class UniformReplay:
             frames = self._check_frames(refs, frame_schema, frames, checked["size"])
         return _Staged(checked, schema, storage, refs, frames, self._stage_extra(arrays, checked))
 
-    def _check_frames(self, refs: Mapping[str, np.ndarray], frame_schema: _Layout,
+    def _check_frames(self, refs: dict[str, np.ndarray], frame_schema: _Layout,
                       frames: np.ndarray | None, size: int) -> np.ndarray:
-        """Check a file's frame slots and frames; return the frames."""
+        """Check a file's frame slots and frames; return the frames, each frame of the layout
+        :func:`~zmqrl.frames.frame_layout` gives (files that kept a whole item as one frame have
+        ``refs`` rewritten in place to slots of its frames)."""
         if frames is None:
             raise ValueError("the file has frame slots but no frames")
-        if len(set(frame_schema.values())) != 1:
-            raise ValueError(f"frame keys {sorted(frame_schema)} differ in shape or dtype")
-        shape, dtype = next(iter(frame_schema.values()))
-        per_item = {r.shape[1] if r.ndim == 2 else -1 for r in refs.values()}
-        if len(per_item) != 1 or not all(np.issubdtype(r.dtype, np.integer) for r in refs.values()):
+        dtypes = {dtype for _, dtype in frame_schema.values()}
+        layouts = {key: frame_layout(shape) for key, (shape, _) in frame_schema.items()}
+        if len(dtypes) != 1 or len({fs for _, fs in layouts.values()}) != 1:
+            raise ValueError(f"frame keys {sorted(frame_schema)} differ in frame shape or dtype")
+        if not all(r.ndim == 2 and np.issubdtype(r.dtype, np.integer) for r in refs.values()):
             raise ValueError("frame slots: expected one integer (capacity, frames per item) array per frame key")
-        n = per_item.pop()
-        if not (n == 1 or (len(shape) >= 2 and n == shape[0])):
-            raise ValueError(f"frame slots: {n} frames per item do not fit items of shape {shape}")
-        frame_shape = _frame_shape(shape, n)
-        if frames.shape[1:] != frame_shape or frames.dtype != dtype:
+        frame_shape, dtype = next(iter(layouts.values()))[1], dtypes.pop()
+        whole = {key: r.shape[1] == 1 and layouts[key][0] > 1 for key, r in refs.items()}  # item-shaped frames
+        for key, r in refs.items():
+            if not whole[key] and r.shape[1] != layouts[key][0]:
+                raise ValueError(f"frame slots: {r.shape[1]} frames per item do not fit {key!r} items of shape "
+                                 f"{frame_schema[key][0]}")
+        if any(whole.values()):
+            if not all(whole.values()) or frames.shape[1:] != frame_schema[next(iter(refs))][0]:
+                raise ValueError(f"frames: {frames.shape[1:]} fit neither items nor frames of {frame_shape}")
+        elif frames.shape[1:] != frame_shape:
             raise ValueError(f"frames: expected {frame_shape} {dtype}, got {frames.shape[1:]} {frames.dtype}")
+        if frames.dtype != dtype:
+            raise ValueError(f"frames: expected {dtype}, got {frames.dtype}")
         live = np.concatenate([r[:size].reshape(-1) for r in refs.values()])
         if live.size and (live.min() < 0 or live.max() >= frames.shape[0]):
             raise ValueError(f"frame slots point outside the {frames.shape[0]} stored frames")
+        if any(whole.values()):
+            for key, r in refs.items():
+                per_item = layouts[key][0]
+                refs[key] = r.astype(np.int64) * per_item + np.arange(per_item)
+            frames = frames.reshape(-1, *frame_shape)
         return frames
 
     def _load_frames(self, refs: Mapping[str, np.ndarray], frames: np.ndarray) -> None:
-        self._use_frames(list(refs), next(iter(refs.values())).shape[1], reserve=max(frames.shape[0], 1))
+        self._use_frames({k: r.shape[1] for k, r in refs.items()}, reserve=max(frames.shape[0], 1))
         assert self._pool is not None
         live = np.concatenate([r[: self._size].reshape(-1) for r in refs.values()]).astype(np.int64)
         refcount = np.bincount(live, minlength=frames.shape[0]).astype(np.int32)
@@ -460,6 +561,16 @@ def _match_schema(expected: _Layout, got: _Layout, what: str) -> None:
             raise ValueError(f"key {key!r}: expected dtype {want_dtype}, got {dtype}")
 
 
-def _frame_shape(item_shape: tuple[int, ...], per_item: int) -> tuple[int, ...]:
-    """Shape of one stored frame of items of ``item_shape`` split into ``per_item`` frames."""
-    return item_shape[1:] if per_item > 1 else item_shape
+def _priorities(priorities: np.ndarray | None, n: int) -> np.ndarray | None:
+    """``priorities`` as float64 of a batch of ``n`` (ValueError for another length)."""
+    if priorities is None:
+        return None
+    prio = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    if prio.shape[0] != n:
+        raise ValueError(f"priorities has length {prio.shape[0]}, batch has {n}")
+    return prio
+
+
+def _image_fields(schema: _Layout) -> tuple[str, ...]:
+    """The keys of a stored layout whose frames a frame pool keeps once (:func:`~zmqrl.frames.image_fields`)."""
+    return image_fields({k: (dtype, shape) for k, (shape, dtype) in schema.items()}, FRAME_KEYS)
