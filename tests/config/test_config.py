@@ -263,11 +263,26 @@ def test_set_unreadable_yaml_value() -> None:
     (["net.data_port=70000"], "net.data_port must be a port number"),
     (["agent.batch_size=64", "replay.capacity=32", "trainer.warmup=64"], "exceeds replay.capacity"),
     (["agent.batch_size=64", "trainer.warmup=10"], "trainer.warmup (10) must be at least agent.batch_size (64)"),
+    (["trainer.min_samples_per_insert=32", "trainer.max_samples_per_insert=4"],
+     "trainer.min_samples_per_insert (32) exceeds trainer.max_samples_per_insert (4)"),
 ])
 def test_range_checks(overrides: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         config.load(None, overrides)
     assert fragment in str(info.value)
+
+
+def test_a_rate_limiter_that_would_pause_and_wait_at_once_is_refused_where_a_new_user_sets_it() -> None:
+    """The shipped CartPole config (min 32) with --set trainer.max_samples_per_insert=4: refused at load,
+    naming both keys (it used to crawl: 2,092 transitions in 240 s); either key off, or min <= max, loads."""
+    with pytest.raises(ConfigError) as info:
+        config.load(CARTPOLE_YAML, ["trainer.max_samples_per_insert=4"])
+    assert "trainer.min_samples_per_insert (32)" in str(info.value) and "max_samples_per_insert (4)" in str(info.value)
+    assert str(CARTPOLE_YAML) in str(info.value)
+    for ok in (["trainer.max_samples_per_insert=0"], ["trainer.max_samples_per_insert=32"],
+               ["trainer.max_samples_per_insert=4", "trainer.min_samples_per_insert=0"]):
+        cfg = config.load(CARTPOLE_YAML, ok)
+        assert cfg.trainer.max_samples_per_insert in (0, 4, 32)
 
 
 def test_range_check_names_the_file(tmp_path: Path) -> None:

@@ -169,6 +169,12 @@ def _check_ranges(cfg: Config, source: str) -> None:
     if cfg.trainer.warmup < cfg.agent.batch_size:
         raise ConfigError(f"{source}: trainer.warmup ({cfg.trainer.warmup}) must be at least "
                           f"agent.batch_size ({cfg.agent.batch_size})")
+    low, high = cfg.trainer.min_samples_per_insert, cfg.trainer.max_samples_per_insert
+    if high > 0 and low > high:
+        # the learner would ask actors to pause below `low` and wait for data above `high`: both at once, a crawl
+        raise ConfigError(f"{source}: trainer.min_samples_per_insert ({low:g}) exceeds "
+                          f"trainer.max_samples_per_insert ({high:g}): the learner would pause the actors and wait "
+                          "for their data at the same time; lower the first, raise the second, or set it to 0 (off)")
 
 
 def from_dict(data: Any, source: str = "<dict>") -> Config:
