@@ -17,7 +17,7 @@ from zmqrl.roles.actor import Actor
 from zmqrl.roles.addresses import free_port
 from zmqrl.roles.learner import Learner
 from zmqrl.run.lifecycle import StopFlag
-from zmqrl.wire import BATCH, Message, SocketOptions, decode, encode, encode_model, make_socket
+from zmqrl.wire import BATCH, Message, SocketOptions, decode, encode, encode_control, encode_model, make_socket
 
 
 def tcp(port: int | None = None) -> str:
@@ -53,6 +53,7 @@ def in_process_learner(cfg: Config, run_dir: Path) -> Learner:
 
 
 LEARNER_INC = "learner-test-inc"
+CONTROL_KEYS = ("pause", "allow", "grant", "quota", "done")
 
 
 def params(cfg: Config, seed: int) -> dict[str, np.ndarray]:
@@ -62,7 +63,7 @@ def params(cfg: Config, seed: int) -> dict[str, np.ndarray]:
 
 
 class Rig:
-    """An actor plus the sink (PULL) and model publisher (PUB) it talks to."""
+    """An actor plus the sink (PULL) and the learner's stream (a PUB: models and control) it talks to."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -72,15 +73,26 @@ class Rig:
         self.pub = make_socket(self.ctx, zmq.PUB, SocketOptions.pub(), bind=model_addr)
         self.actor = Actor(cfg, 0, sink_addr, model_addr)
         self.stop = StopFlag()
+        self.control_seq = 0
 
     def publish(self, version: int, meta: dict[str, Any] | None = None) -> None:
+        """A model of ``version``; the control keys of ``meta`` (pause, allow, grant, quota, done) go
+        out as a control message after it, as the learner's publisher sends them."""
+        meta = dict(meta or {})
+        control = {k: meta.pop(k) for k in CONTROL_KEYS if k in meta}
         self.pub.send(encode_model("learner", LEARNER_INC, version, params(self.cfg, version), meta=meta)[0])
+        if control:
+            self.control(version, control)
+
+    def control(self, version: int, meta: dict[str, Any]) -> None:
+        self.control_seq += 1
+        self.pub.send(encode_control("learner", LEARNER_INC, self.control_seq, version, meta)[0])
 
     def start(self) -> None:
         """Publish version 0 until the actor's subscription is up."""
         deadline = time.monotonic() + 20
-        while not self.actor.sub.poll(20, zmq.POLLIN):
-            assert time.monotonic() < deadline, "the actor's SUB never received a model"
+        while not self.actor.stream.wait(20):
+            assert time.monotonic() < deadline, "the actor never received a model"
             self.publish(0)
 
     def received(self, timeout_s: float = 5.0) -> list[Message]:

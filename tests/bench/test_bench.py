@@ -28,7 +28,7 @@ from zmqrl.bench import harness, learner, registry, solve
 from zmqrl.config.algorithms import ALGORITHMS
 from zmqrl.roles.addresses import free_port
 from zmqrl.run.rundir import read_json
-from zmqrl.wire import SocketOptions, encode_model, make_socket, new_incarnation
+from zmqrl.wire import SocketOptions, encode_control, encode_model, make_socket, new_incarnation
 
 REPO = Path(__file__).resolve().parents[2]
 CARTPOLE = REPO / "configs" / "cartpole_dqn.yaml"
@@ -263,8 +263,8 @@ def test_sb3_is_optional(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tmp_path: Path) -> None:
     """A learner-row feeder, as a real helper process: no batch before the first model, none while
-    ``pause`` is set in model meta, batches once it is cleared, exactly a model's ``allow`` when
-    no other model follows, and its paused time reported."""
+    control says ``pause``, batches once it is cleared, exactly a grant's ``allow`` when no other
+    grant follows, and its paused time reported."""
     cfg = harness.load_config(CARTPOLE)
     pool = harness.transition_pool(cfg, 512)
     pool["priority"] = np.ones(512, np.float32)
@@ -278,9 +278,10 @@ def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tm
     received = 0
 
     def publish(pause: bool, **meta: object) -> None:
+        """Control (``pause`` and ``meta``: a grant's allowance), then a model, as the learner sends them."""
         nonlocal version
-        pub.send_multipart(encode_model("learner", inc, version, {"w": np.zeros(4, np.float32)},
-                                        meta={"pause": pause, **meta}))
+        pub.send_multipart(encode_control("learner", inc, version + 1, version, {"pause": pause, **meta}))
+        pub.send_multipart(encode_model("learner", inc, version, {"w": np.zeros(4, np.float32)}))
         version += 1
 
     def batches_within(seconds: float, pause: bool | None) -> int:
@@ -309,8 +310,8 @@ def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tm
                 pass
             assert received >= 5, "no batches after the pause was lifted"
             batches_within(0.5, True)  # paused again: what was on its way arrives
-            publish(False, allow=2 * 64)  # one model allowing two batches, then none for a second
-            assert batches_within(1.0, None) == 2, "not the model's allowance of two batches"
+            publish(False, allow=2 * 64, grant=1)  # one grant of two batches, then none for a second
+            assert batches_within(1.0, None) == 2, "not the grant's allowance of two batches"
             assert feeder.stop(10.0) == 0, feeder.tail()
         result = read_json(out)
         assert result is not None

@@ -147,8 +147,8 @@ def acting_with(rig: Rig, meta: dict[str, Any]) -> threading.Thread:
     """The actor's ``run`` in a thread, started once its SUB has received a model with ``meta``."""
     rig.actor.send_linger_s = 0.0
     deadline = time.monotonic() + 20
-    while not rig.actor.sub.poll(20, zmq.POLLIN):
-        assert time.monotonic() < deadline, "the actor's SUB never received a model"
+    while not rig.actor.stream.wait(20):
+        assert time.monotonic() < deadline, "the actor never received a model"
         rig.publish(0, meta)
     thread = threading.Thread(target=rig.actor.run, args=(rig.stop,), kwargs={"max_env_steps": 10_000_000})
     thread.start()
@@ -178,9 +178,9 @@ def largest_batch(rig: Rig) -> int:
 
 
 def test_an_actor_holds_at_the_learners_start_up_quota_until_a_model_lifts_it(rig: Rig) -> None:
-    """While the learner loads torch its models carry ``quota``: the actor makes that many
+    """While the learner loads torch its control carries ``quota``: the actor makes that many
     transitions (whole batches: at most one batch more) and holds, whatever else comes with the
-    same quota, until a model without one."""
+    same quota, until control without one."""
     actor, quota = rig.actor, 100
     with_quota = {"pause": False, "quota": quota}
     thread = acting_with(rig, with_quota)
@@ -198,9 +198,9 @@ def test_an_actor_holds_at_the_learners_start_up_quota_until_a_model_lifts_it(ri
         stop_and_check(rig, thread)
 
 
-def test_an_actor_makes_its_allowance_per_model_and_then_holds_until_the_next(rig: Rig) -> None:
-    """While the learner trains its models carry ``allow``: after each model the actor makes at
-    most that many more transitions (whole batches) and holds until another model comes, so a
+def test_an_actor_makes_its_allowance_per_grant_and_then_holds_until_the_next(rig: Rig) -> None:
+    """While the learner trains its control carries ``allow``: after each grant the actor makes at
+    most that many more transitions (whole batches) and holds until another grant comes, so a
     learner that stalls (a slow update, a checkpoint) gets a bounded burst, not an unbounded one."""
     actor, allow = rig.actor, 80
     thread = acting_with(rig, {"pause": False, "allow": allow})

@@ -22,7 +22,7 @@ from rigs import cartpole_batch, frames, in_process_learner
 from zmqrl.roles.evaluator import Evaluator
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
-from zmqrl.wire import MODEL, Limits, decode
+from zmqrl.wire import MODEL, MODEL_TOPIC, Limits, decode
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,7 +47,7 @@ def test_a_late_evaluation_is_recorded_at_the_step_of_the_model_it_evaluated(
     learner = in_process_learner(cfg, run_dir)
     models = zctx.socket(zmq.SUB)
     models.setsockopt(zmq.LINGER, 0)
-    models.setsockopt(zmq.SUBSCRIBE, b"")
+    models.setsockopt(zmq.SUBSCRIBE, MODEL_TOPIC)
     models.connect(learner.endpoints["model"])
     data = zctx.socket(zmq.PUSH)
     data.setsockopt(zmq.LINGER, 0)
@@ -84,7 +84,7 @@ def test_a_late_evaluation_is_recorded_at_the_step_of_the_model_it_evaluated(
         while not evaluator.step():  # the early model, handed to the evaluator only now
             assert time.monotonic() < deadline, "the evaluator never evaluated the early model"
             pub.send_multipart(early[0])  # again until the evaluator's subscription is up
-            evaluator.sub.poll(20)
+            evaluator.stream.wait(20)
         wait_for(lambda: learner.book.evals_total == 1, 30, "the learner to take the report")
         arrived = learner.book.opt_steps
     finally:

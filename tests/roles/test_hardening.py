@@ -50,8 +50,8 @@ def test_a_junk_first_batch_cannot_fix_what_replay_stores(tmp_path: Path, cartpo
         push.send_multipart(frames("rogue", 1, wide))
         for seq in range(3):
             push.send_multipart(frames("actor-0", seq, cartpole_batch(64, seq)))
-        ingest_until(learner, lambda: learner.batches == 3 and sum(learner.receiver.rejected.values()) == 2)
-        assert learner.receiver.rejected["schema"] == 2
+        ingest_until(learner, lambda: learner.batches == 3 and sum(learner.intake.receiver.rejected.values()) == 2)
+        assert learner.intake.receiver.rejected["schema"] == 2
         assert len(learner.replay) == 3 * 64
         batch = learner.replay.sample(32)  # what the update gets has every field, with this run's shapes
         assert batch["obs"].shape == (32, 4) and batch["action"].dtype == np.int64 and "junk" not in batch
@@ -75,7 +75,7 @@ def test_an_absurd_priority_is_clamped_and_counted_and_sampling_stays_proportion
         push.send_multipart(frames("actor-0", 0, cartpole_batch(64, 0, priority=1e30)))
         push.send_multipart(frames("actor-0", 1, cartpole_batch(64, 1, priority=1.0)))
         push.send_multipart(frames("actor-0", 2, cartpole_batch(64, 2, priority=float("inf"))))
-        ingest_until(learner, lambda: learner.batches == 2 and learner.receiver.rejected["values"] == 1)
+        ingest_until(learner, lambda: learner.batches == 2 and learner.intake.receiver.rejected["values"] == 1)
         replay = learner.replay
         assert replay.priorities_clamped == 64 and len(replay) == 128
         counts = np.bincount(replay.sample(4096)["indices"] // 64, minlength=2)
@@ -105,7 +105,7 @@ def test_a_flood_of_new_sender_names_is_refused_and_memory_stays_flat(tmp_path: 
         def flood(start: int, count: int) -> None:
             for k in range(start, start + count):
                 push.send_multipart(frames(f"rogue-{k}", 0, tiny, inc=f"x{k}"))
-            ingest_until(learner, lambda: learner.peers.sequences.refused + 15 >= start + count, timeout=60)
+            ingest_until(learner, lambda: learner.intake.sequences.refused + 15 >= start + count, timeout=60)
 
         flood(0, 2000)
         rss_after_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -113,7 +113,7 @@ def test_a_flood_of_new_sender_names_is_refused_and_memory_stays_flat(tmp_path: 
         rss_after_second = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         push.send_multipart(frames("actor-0", 1, cartpole_batch(64, 1)))
         ingest_until(learner, lambda: (learner.peers.actors.get("actor-0") or object()).__dict__.get("batches") == 2)
-        assert len(learner.peers.actors) <= 16 and len(learner.peers.sequences._senders) <= 16
+        assert len(learner.peers.actors) <= 16 and len(learner.intake.sequences._senders) <= 16
         summary = learner.summary_extra()
         assert summary["messages"]["peers_refused"] >= 22_000 - 15
         assert len(summary["messages"]["refused_names"]) <= 8 and len(summary["actors"]) <= 16

@@ -28,7 +28,8 @@ from zmqrl.config import Config
 from zmqrl.replay import make_replay
 from zmqrl.roles.addresses import free_port
 from zmqrl.roles.admission import MAC_KEY, TOKEN_FILE, report_mac
-from zmqrl.roles.ingest import FRAME_SLACK, FRAMES_PER_ITEM, ReplayWriter
+from zmqrl.roles.inserts import FRAME_SLACK, FRAMES_PER_ITEM, ReplayWriter
+from zmqrl.roles.intake import Arrived
 from zmqrl.roles.learner import Learner
 from zmqrl.run.acting import make_task
 from zmqrl.run.bookkeeping import EVAL_HISTORY, Bookkeeper
@@ -329,7 +330,7 @@ def test_a_message_of_a_million_frames_costs_the_learner_no_memory_of_its_own(
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        assert learner.receiver.rejected["frames"] == 1 and len(learner.replay) == 64
+        assert learner.intake.receiver.rejected["frames"] == 1 and len(learner.replay) == 64
         assert peak < 5 * 2**20, f"{peak / 2**20:.1f} MB of Python objects while reading it"
     finally:
         push.close(linger=0)
@@ -361,7 +362,7 @@ def test_frames_that_share_nothing_are_refused_beyond_their_senders_budget() -> 
         noise = rng.integers(0, 255, (2, n, stack, 12, 12), dtype=np.uint8)
         rogue = Message(BATCH, "rogue", "r", b, 0, {"obs": noise[0], "next_obs": noise[1], **common})
         for msg in (honest, rogue):
-            went = writer.insert([msg])
+            went = writer.insert([Arrived(msg, n)])
             if msg is honest:
                 honest_in += len(went)
             else:
@@ -431,7 +432,7 @@ def test_under_curve_one_admitted_key_cannot_speak_for_another_keys_actor(tmp_pa
         b.send_multipart(batch_frames("actor-0", 2**62, cartpole_batch(64, 1), inc="inc-1"))  # to silence it
         b.send_multipart(batch_frames("actor-0", 0, cartpole_batch(64, 2), inc="inc-2"))
         b.send_multipart(batch_frames("actor-9", 0, cartpole_batch(64, 3)))  # its own name: fine
-        ingest_until(learner, lambda: learner.batches == 2 and learner.receiver.rejected["key"] == 2)
+        ingest_until(learner, lambda: learner.batches == 2 and learner.intake.receiver.rejected["key"] == 2)
         a.send_multipart(batch_frames("actor-0", 1, cartpole_batch(64, 4)))
         ingest_until(learner, lambda: learner.batches == 3)
         assert learner.peers.actors.get("actor-0").batches == 2  # type: ignore[union-attr]
@@ -607,9 +608,9 @@ def test_hostile_compact_batches_are_refused_by_reason_and_honest_ones_after_the
             good, good_meta = (plain_c, lz4_c, zstd_c)[i % 3].compact(honest_batches[i])
             push.send_multipart(batch_frames("actor-0", i, good, {"stats": {"env_steps": n * (i + 1)}, **good_meta}))
         ingest_until(learner, lambda: learner.batches == len(hostile))
-        counts = learner.receiver.rejected
+        counts = learner.intake.receiver.rejected
         assert dict(counts) == {"compact": 6, "compress": 2, "size": 1}, counts
-        assert len(learner.replay) == n * len(hostile) and learner.receiver.compact_batches == len(hostile)
+        assert len(learner.replay) == n * len(hostile) and learner.intake.receiver.compact_batches == len(hostile)
         summary = learner.summary_extra()
         assert summary["messages"]["rejected"]["compress"] == 2 and summary["wire"]["compact_batches"] == len(hostile)
     finally:

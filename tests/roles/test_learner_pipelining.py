@@ -1,7 +1,8 @@
 """The learner reads each optimisation step's results one step late (it samples batch k+1 while the
 device may still run step k): every step's priorities still reach the sum tree exactly once, in order,
-for that step's own batch; models go out, checkpoints are written and new transitions go in only once
-the pending step is settled; the last one is settled when the learner stops.
+for that step's own batch (items that took the place of its batch's since it was sampled keep their
+own: ``sampled_at``); models go out and checkpoints are written only once the pending step is
+settled; the last one is settled when the learner stops.
 
 A real learner in this process (CartPole DQN, prioritized replay) against a reference loop, with the
 same seeds, the plain ``agent.update`` and the same one-step-late order."""
@@ -52,35 +53,32 @@ class Spy:
 
     def __init__(self, learner: Learner, monkeypatch: pytest.MonkeyPatch) -> None:
         self.samples: list[np.ndarray] = []
+        self.sampled_at: list[int] = []  # replay's num_added at each sample
         self.writes: list[tuple[np.ndarray, np.ndarray]] = []
+        self.written_at: list[int | None] = []  # the sampled_at each write came with
         self.models: list[dict[str, Any]] = []
-        self.adds_with_a_step_pending = 0
         replay = learner.replay
-        sample, update_priorities, add = replay.sample, replay.update_priorities, replay.add
+        sample, update_priorities = replay.sample, replay.update_priorities
 
         def spy_sample(batch_size: int) -> dict[str, np.ndarray]:
+            self.sampled_at.append(replay.num_added)
             out = sample(batch_size)
             self.samples.append(out["indices"].copy())
             return out
 
-        def spy_update_priorities(indices: np.ndarray, priorities: np.ndarray) -> None:
+        def spy_update_priorities(indices: np.ndarray, priorities: np.ndarray, sampled_at: int | None = None) -> None:
             self.writes.append((np.array(indices, copy=True), np.array(priorities, copy=True)))
-            update_priorities(indices, priorities)
-
-        def spy_add(*args: Any, **kwargs: Any) -> np.ndarray:
-            self.adds_with_a_step_pending += learner._pending is not None
-            return add(*args, **kwargs)
+            self.written_at.append(sampled_at)
+            update_priorities(indices, priorities, sampled_at=sampled_at)
 
         monkeypatch.setattr(replay, "sample", spy_sample)
         monkeypatch.setattr(replay, "update_priorities", spy_update_priorities)
-        monkeypatch.setattr(replay, "add", spy_add)
         encode_model = learner_mod.encode_model
 
         def spy_encode_model(sender: str, inc: str, version: int, params: Any, meta: dict[str, Any]) -> Any:
             agent: Any = learner.agent
             self.models.append({"version": version, "opt_steps": meta["opt_steps"], "agent_steps": agent.opt_steps,
-                                "written": len(self.writes), "pending": learner._pending is not None,
-                                "done": meta.get("done", "")})
+                                "written": len(self.writes), "pending": learner._pending is not None})
             return encode_model(sender, inc, version, params, meta=meta)
 
         monkeypatch.setattr(learner_mod, "encode_model", spy_encode_model)
@@ -149,12 +147,13 @@ def test_every_steps_priorities_reach_the_sum_tree_once_in_order_and_the_last_at
         for name, value in agent.params().items():
             np.testing.assert_array_equal(value, ref_params[name], err_msg=name)
 
-        # every model out carries the params and count of all steps taken, none pending
-        versions = [m for m in spy.models if m["version"] > 0 and not m["done"]]
+        # every model out carries the params and count of all steps taken, none pending; the end goes out as control
+        versions = [m for m in spy.models if m["version"] > 0]
         assert [m["opt_steps"] for m in versions] == list(range(SYNC_INTERVAL, MAX_OPTS + 1, SYNC_INTERVAL))
         for m in spy.models:
             assert not m["pending"] and m["opt_steps"] == m["agent_steps"] == m["written"], m
-        assert spy.models[-1]["done"] and spy.models[-1]["opt_steps"] == MAX_OPTS
+        assert learner.publisher.state.done == f"reached max_opts={MAX_OPTS}", learner.publisher.state
+        assert spy.written_at == spy.sampled_at  # each write says when its batch was drawn
 
         # a numbered checkpoint's replay has drawn exactly the batches its agent trained on
         for steps in (SAVE_INTERVAL, 2 * SAVE_INTERVAL):
@@ -169,7 +168,7 @@ def test_every_steps_priorities_reach_the_sum_tree_once_in_order_and_the_last_at
         reference.close()
 
 
-def test_a_learner_stopped_mid_run_or_fed_while_training_settles_every_step_first(
+def test_a_learner_fed_while_training_inserts_between_steps_and_settles_each_step_once(
         tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
     # the rate limiter's pauses come and go (1 sample per insert), each told to actors in a model at once
     cfg = cartpole_cfg(*SETTINGS, "trainer.max_opts=1000000", "trainer.save_interval=0",
@@ -195,10 +194,10 @@ def test_a_learner_stopped_mid_run_or_fed_while_training_settles_every_step_firs
     assert not runner.is_alive()
     agent: Any = learner.agent
     assert len(learner.replay) == 64 * 14
-    assert spy.adds_with_a_step_pending == 0  # new transitions never took slots a pending step sampled
     assert learner.book.opt_steps == agent.opt_steps == len(spy.samples) == len(spy.writes) >= 40
     for sampled, (written, _) in zip(spy.samples, spy.writes, strict=True):
         np.testing.assert_array_equal(written, sampled)
+    assert spy.written_at == spy.sampled_at  # inserts may land with a step pending: its write knows when it drew
     assert learner._pending is None and learner.limiter.pauses >= 1
     assert len(spy.models) >= 3
     for m in spy.models:  # every model out carries the params and count of all steps taken, none pending

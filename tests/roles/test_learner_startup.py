@@ -31,7 +31,7 @@ from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner
 from zmqrl.run.acting import make_task
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
-from zmqrl.wire import BATCH, MODEL, Limits, decode, encode
+from zmqrl.wire import BATCH, CONTROL, CONTROL_TOPIC, MODEL, MODEL_TOPIC, Limits, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,12 +77,18 @@ def hold_the_agent_build(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return release
 
 
-def models_and_data(zctx: zmq.Context, learner: Learner) -> tuple[zmq.Socket, zmq.Socket]:
-    """A SUB on the learner's models and a PUSH to its data socket, as an actor has."""
+def subscriber(zctx: zmq.Context, learner: Learner, topic: bytes) -> zmq.Socket:
+    """A SUB on one topic of the learner's stream (every message kept, in order)."""
     sub = zctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.SUBSCRIBE, topic)
     sub.connect(learner.endpoints["model"])
+    return sub
+
+
+def models_and_data(zctx: zmq.Context, learner: Learner) -> tuple[zmq.Socket, zmq.Socket]:
+    """A SUB on the learner's models and a PUSH to its data socket, as an actor has."""
+    sub = subscriber(zctx, learner, MODEL_TOPIC)
     push = zctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     push.connect(learner.endpoints["data"])
@@ -149,34 +155,43 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
     assert (tmp_path / "run" / "checkpoints" / "latest").is_dir()
 
 
-def test_models_carry_the_start_up_quota_while_torch_loads_and_an_allowance_once_it_trains(
+def test_control_carries_the_start_up_quota_while_torch_loads_and_an_allowance_once_it_trains(
         tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
     """What bounds each actor: ``quota`` (absolute: trainer.warmup) before the agent is built,
-    ``allow`` (per model: twice a sync's worth of data at min_samples_per_insert) once it trains."""
+    ``allow`` (per grant: twice a sync's worth of data at min_samples_per_insert, a new grant with each
+    model version) once it trains; all of it in control messages, none in models."""
     cfg = cartpole_cfg("run.seed=3", "trainer.warmup=64", "trainer.stop_return=null", "trainer.max_opts=60",
                        "trainer.sync_interval=10", "trainer.min_samples_per_insert=8", "run.log_level=warning")
     release = hold_the_agent_build(monkeypatch)
     learner = make_learner(cfg, tmp_path / "run")
-    sub, push = models_and_data(zctx, learner)
+    models, push = models_and_data(zctx, learner)
+    control = subscriber(zctx, learner, CONTROL_TOPIC)
     stop = StopFlag()
     runner = threading.Thread(target=learner.run, args=(stop,), daemon=True)
     runner.start()
     try:
-        assert sub.poll(10_000), "no model version 0 while the agent was still being built"
-        loading = decode(sub.recv_multipart(), Limits.only([MODEL]))
+        assert control.poll(10_000), "no control while the agent was still being built"
+        loading = decode(control.recv_multipart(), Limits.only([CONTROL]))
         assert loading.meta.get("quota") == 64 and "allow" not in loading.meta, loading.meta
         push.send_multipart(batch_frames(0, transitions(64, seed=0)))
         wait_for(lambda: len(learner.replay) == 64, 10, "the batch in replay")
         release.set()
-        trained, deadline = [], time.monotonic() + 60
-        while runner.is_alive() or sub.poll(0):
+        trained, versions, deadline = [], [], time.monotonic() + 60
+        while runner.is_alive() or control.poll(0) or models.poll(0):
             assert time.monotonic() < deadline, f"the learner did not finish its 60 updates: {learner.book.opt_steps}"
-            if sub.poll(100):
-                model = decode(sub.recv_multipart(), Limits.only([MODEL]))
-                if model.version >= 1:
-                    trained.append(model.meta)
-        assert trained, "no model published after updates"
-        assert all(m.get("allow") == 2 * 10 * 64 // 8 and "quota" not in m for m in trained), trained
+            if control.poll(50):
+                msg = decode(control.recv_multipart(), Limits.only([CONTROL]))
+                if "allow" in msg.meta:
+                    trained.append(msg.meta)
+            if models.poll(0):
+                model = decode(models.recv_multipart(), Limits.only([MODEL]))
+                assert not {"pause", "allow", "grant", "quota", "done"} & set(model.meta), model.meta
+                versions.append(model.version)
+        assert trained, "no allowance after updates"
+        assert all(m["allow"] == 2 * 10 * 64 // 8 and "quota" not in m for m in trained), trained
+        grants = [m["grant"] for m in trained]
+        assert grants == sorted(set(grants)) and len(grants) >= 60 // 10, grants  # a new grant with each version
+        assert versions and max(versions) == 60 // 10, versions
     finally:
         release.set()
         stop.set = True
@@ -216,7 +231,7 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_refused_alo
         assert learner.ingest(timeout=1.0) == 64
         assert adds[1:] == [64], adds  # nan never reaches replay: good[3] goes in
         # nor does the wide batch: the batch spec refuses it first
-        assert learner.receiver.rejected["schema"] == 1 and learner.receiver.rejected["values"] == 1
+        assert learner.intake.receiver.rejected["schema"] == 1 and learner.intake.receiver.rejected["values"] == 1
         assert learner.writer.rejected == 0
         assert learner.batches == 4 and len(learner.replay) == 4 * 64
         stored = learner.replay.get(np.arange(4 * 64))

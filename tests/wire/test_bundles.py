@@ -139,14 +139,14 @@ def test_the_learner_takes_bundles_apart_and_accounts_each_actor(tmp_path: Path,
                      meta={"parts": [["actor-b", "x", 0, 3, 32, {}]]})  # 32 of 64 rows accounted
         push.send_multipart(bad)
         push.send_multipart(b.batch())  # b 2, alone: still in after the bad bundle
-        ingest_until(learner, lambda: learner.batches == 5 and sum(learner.receiver.rejected.values()) == 1)
-        assert len(learner.replay) == 5 * 64 and learner.receiver.rejected["shape"] == 1
+        ingest_until(learner, lambda: learner.batches == 5 and sum(learner.intake.receiver.rejected.values()) == 1)
+        assert len(learner.replay) == 5 * 64 and learner.intake.receiver.rejected["shape"] == 1
         stored = learner.replay.sample(4096)["reward"]  # every stored row is an actor's (ones), not the bad one's
         assert np.all(stored == 1.0)
-        actor_a, actor_b = learner.peers.actors.get("actor-a"), learner.peers.actors.get("actor-b")
-        assert actor_a is not None and actor_b is not None
-        assert (actor_a.batches, actor_a.transitions, actor_a.dropped_old) == (2, 128, 1)
-        assert (actor_b.batches, actor_b.lost) == (3, 0)
+        actors = learner.summary_extra()["actors"]
+        actor_a, actor_b = actors["actor-a"], actors["actor-b"]
+        assert (actor_a["batches"], actor_a["transitions"], actor_a["dropped_old"]) == (2, 128, 1)
+        assert (actor_b["batches"], actor_b["lost"]) == (3, 0)
         assert learner.book.env_steps == 2 * 64 + 3 * 64  # each actor's env_steps, counted once
         summary = learner.summary_extra()["messages"]
         assert summary["bundles_received"] == 2 and summary["batches_received"] == 5

@@ -21,6 +21,8 @@ from zmqrl.wire import (
     EVAL,
     HELLO,
     MODEL,
+    MODEL_TOPIC,
+    PROTOCOL_VERSION,
     STATS,
     Limits,
     Message,
@@ -262,10 +264,11 @@ def test_protocol_and_version_rules() -> None:
     frames = _valid_frames()
     assert _reason(_with_header(frames, p="other")) == "protocol"
     assert _reason(_with_header(frames, p=...)) == "protocol"
-    assert _reason(_with_header(frames, v=2)) == "version"
+    assert _reason(_with_header(frames, v=PROTOCOL_VERSION + 1)) == "version"
+    assert _reason(_with_header(frames, v=1)) == "version"  # the first version: models without topics
     assert _reason(_with_header(frames, v=0)) == "version"
     assert _reason(_with_header(frames, v=True)) == "version"
-    assert _reason(_with_header(frames, v="1")) == "version"
+    assert _reason(_with_header(frames, v=str(PROTOCOL_VERSION))) == "version"
     assert _reason(_with_header(frames, v=...)) == "version"
 
 
@@ -723,7 +726,7 @@ def test_packed_model_round_trip_is_aligned_and_strict() -> None:
     params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.arange(3, dtype=np.float64),
               "u": np.arange(5, dtype=np.uint8)}
     (frame,) = encode_model("learner", "L1", 7, params, meta={"opt_steps": 350})
-    assert bytes(frame[:4]) == b"ZQP1" and len(frame) % 8 == 0
+    assert bytes(frame[:4]) == MODEL_TOPIC and len(frame) % 8 == 0
     msg = decode([frame])
     assert (msg.kind, msg.version, msg.meta) == ("model", 7, {"opt_steps": 350})
     for name, array in params.items():

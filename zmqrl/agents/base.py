@@ -18,13 +18,14 @@ What an algorithm provides:
 - :meth:`Algorithm.initial_params`: model version 0 drawn with numpy, so the learner can
   publish before torch has loaded (``None`` to build the agent first);
 - :meth:`Algorithm.batch_spec`: the arrays of a transition batch, so a learner rejects a batch
-  that does not fit before it reaches replay.
+  that does not fit before it reaches replay; :meth:`Algorithm.value_limits` and
+  :meth:`Algorithm.batch_problem`: what its values must mean.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -175,6 +176,19 @@ class Algorithm:
         if np.dtype(obs_space.dtype or np.float32).kind == "f":
             limits["obs"] = limits["next_obs"] = finite
         return limits
+
+
+    def batch_problem(self, cfg: Config, arrays: Mapping[str, np.ndarray]) -> str | None:
+        """What is wrong with a batch of this algorithm's items beyond :meth:`value_limits` (a
+        recurrent item's masks or states, say), checked by the learner's intake after them; None
+        when nothing is. ``arrays`` holds the fields stored as given (image fields may be absent)."""
+        return None
+
+    def new_frames_per_item(self, cfg: Config) -> int:
+        """Image frames an honest item brings that its sender's item before it did not: one for an
+        n-step transition of stacked frames. The learner lets each sender's items take at most
+        twice this many new frames in replay (a sender whose frames share nothing is refused)."""
+        return 1
 
 
 def check_discrete_spaces(cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,

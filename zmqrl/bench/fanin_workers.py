@@ -24,6 +24,7 @@ from zmqrl.roles.net import limits, options
 from zmqrl.run.lifecycle import Every, StopFlag
 from zmqrl.wire import (
     BATCH,
+    CONTROL,
     DEFAULT_COPY_THRESHOLD,
     MODEL,
     BatchEncoder,
@@ -121,7 +122,8 @@ class _Sender:
         proxies = p["proxies"]
         self.push = make_socket(ctx, zmq.PUSH, options(net, SocketOptions.push(sndhwm=int(p["sndhwm"])),
                                                        data_path=True), connect=proxies[index % len(proxies)])
-        self.sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.sub(limits(net, MODEL))), connect=p["models"])
+        self.sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.models(limits(net, MODEL))),
+                               connect=p["models"])
         self.tracker = VersionTracker()
         self.version = -1
         self.prefix, self.suffix = b"", b""
@@ -161,8 +163,10 @@ def send_many(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     control_sub.connect(p["control"])
     report = ctx.socket(zmq.PUSH)
     report.connect(p["report"])
-    model_limits = limits(net, MODEL)
-    control = Control(senders[0].tracker)
+    model_limits, control_limits = limits(net, MODEL), limits(net, CONTROL)
+    learner_control = make_socket(ctx, zmq.SUB, options(net, SocketOptions.control(control_limits)),
+                                  connect=p["models"])
+    control = Control()
     sent = blocked = skipped = 0
     start = time.monotonic()
     deadline = start + float(p["timeout_s"])
@@ -189,9 +193,9 @@ def send_many(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
                 new = n_buffer / rate if rate > 0 else 0.0
                 if new != per_msg:
                     per_msg, base_t, base_n = new, time.monotonic(), 0
-            if drain():  # models: the first sender reads them (``done``), the others only empty their queue
-                drain_latest_model(senders[0].sub, senders[0].tracker, model_limits, observe=control)
-                for sender in senders[1:]:
+            if drain():  # the learner's control (``done``); models: each sender only empties its queue
+                control.read(learner_control, control_limits)
+                for sender in senders:
                     while sender.sub.poll(0, zmq.POLLIN):
                         sender.sub.recv(zmq.NOBLOCK)
             if per_msg <= 0:
@@ -226,6 +230,7 @@ def send_many(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
         for sender in senders:
             sender.close()
         control_sub.close(linger=0)
+        learner_control.close(linger=0)
         report.close(linger=0)
         ctx.term()
     return {"senders": len(senders), "sent": sent, "transitions": sent * n_buffer, "blocked": blocked,

@@ -1,8 +1,8 @@
 """Learner group: opt steps/s of the real Learner loop while ingesting actors' batches vs idle.
 
 The batches come from feeder processes that behave like actors towards the learner: they
-subscribe to its models, send nothing before the first one, and hold while the rate limiter's
-``pause`` (in model meta, below ``trainer.min_samples_per_insert``) is on or once a model's
+subscribe to its models and its control, send nothing before the first model, and hold while the
+rate limiter's ``pause`` (below ``trainer.min_samples_per_insert``) is on or once a grant's
 ``allow`` is made, as actors do.
 """
 
@@ -43,10 +43,11 @@ from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import (
     BATCH,
+    CONTROL,
     MODEL,
-    Message,
     SocketOptions,
     VersionTracker,
+    drain_control,
     drain_latest_model,
     encode,
     make_socket,
@@ -61,15 +62,18 @@ DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--ac
 
 
 class Control:
-    """The learner's requests as an actor reads them from its incarnation's models: pause and allowance
+    """The learner's requests as an actor reads them from its control: pause and allowance
     (:class:`~zmqrl.roles.fit.Allowance`; ``made`` counts what was made) and ``done`` (the run is over)."""
 
-    def __init__(self, tracker: VersionTracker, made: Callable[[], int] = lambda: 0) -> None:
-        self.tracker, self.made, self.done = tracker, made, False
+    def __init__(self, made: Callable[[], int] = lambda: 0) -> None:
+        self.made, self.done = made, False
         self.allowance = Allowance()
+        self.messages = 0
 
-    def __call__(self, msg: Message) -> None:
-        if msg.incarnation == self.tracker.incarnation or self.tracker.incarnation is None:
+    def read(self, sock: zmq.Socket, lim: Any) -> None:
+        """Take what control came on ``sock`` (a control subscriber)."""
+        for msg in drain_control(sock, lim)[0]:
+            self.messages += 1
             self.allowance.observe(msg, self.made())
             self.done = self.done or bool(msg.meta.get("done"))
 
@@ -120,8 +124,8 @@ def prefilled_learner(cfg: Any, run_dir: Path, pool: dict[str, np.ndarray], bind
 
 def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     """Helper process: PUSH actor-like batches (n_buffer transitions, priorities, the actor's meta) at a
-    fixed rate once the first model has arrived, holding while the learner asks actors to pause (or
-    once a model's allowance is made) and stopping when it says the run is over."""
+    fixed rate once the first model and control have arrived, holding while the learner asks actors to
+    pause (or once a grant's allowance is made) and stopping when it says the run is over."""
     net = child_config(p).net
     pool = load_arrays(p["pool"])
     size, n_buffer = len(pool["reward"]), int(p["n_buffer"])
@@ -129,29 +133,33 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     ctx = zmq.Context(io_threads=1)
     push = make_socket(ctx, zmq.PUSH, options(net, SocketOptions.push(sndhwm=int(p["sndhwm"])), data_path=True),
                        connect=p["connect"])
-    model_limits = limits(net, MODEL)
-    sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.sub(model_limits)), connect=p["models"])
+    model_limits, control_limits = limits(net, MODEL), limits(net, CONTROL)
+    sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.models(model_limits)), connect=p["models"])
+    csub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.control(control_limits)), connect=p["models"])
     tracker = VersionTracker()
     inc, name, index = new_incarnation(), f"actor-{p['index']}", int(p["index"])
     sent, blocked_s, paused_s, version = 0, 0.0, 0.0, -1
-    control = Control(tracker, made=lambda: sent * n_buffer)
+    control = Control(made=lambda: sent * n_buffer)
     offset = (index * 997 * n_buffer) % max(size - n_buffer, 1)
     start = time.monotonic()
     deadline = start + p["timeout_s"]
     first_model_s: float | None = None
     try:
-        while not stop.set and time.monotonic() < deadline and version < 0:  # no batch before the first model
+        # no batch before the first model and the first control (which the learner sends from its start)
+        while not stop.set and time.monotonic() < deadline and (version < 0 or not control.messages):
+            control.read(csub, control_limits)
             if sub.poll(100, zmq.POLLIN):
-                msg, _ = drain_latest_model(sub, tracker, model_limits, observe=control)
+                msg, _ = drain_latest_model(sub, tracker, model_limits)
                 version = msg.version if msg is not None else version
         first_model_s = time.monotonic() - start
         next_t = time.monotonic()
         while not stop.set and not control.done and time.monotonic() < deadline:
-            msg, _ = drain_latest_model(sub, tracker, model_limits, observe=control)
+            control.read(csub, control_limits)
+            msg, _ = drain_latest_model(sub, tracker, model_limits)
             version = msg.version if msg is not None else version
             now = time.monotonic()
             if control.hold():
-                sub.poll(50, zmq.POLLIN)
+                csub.poll(50, zmq.POLLIN)
                 paused_s += time.monotonic() - now
                 next_t = time.monotonic()  # an actor steps on from where it stopped, with no backlog to make up
                 continue
@@ -176,9 +184,10 @@ def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     finally:
         push.close(linger=0)
         sub.close(linger=0)
+        csub.close(linger=0)
         ctx.term()
-    return {"sent": sent, "transitions": sent * n_buffer, "blocked_s": blocked_s, "paused_s": paused_s,
-            "first_model_s": first_model_s, "wall_s": time.monotonic() - start}
+    return {"sent": sent, "controls": control.messages, "transitions": sent * n_buffer, "blocked_s": blocked_s,
+            "paused_s": paused_s, "first_model_s": first_model_s, "wall_s": time.monotonic() - start}
 
 
 def _window(c: Context, cfg: Any, path: Path, pool: dict[str, np.ndarray], pool_path: Path, feeders: int,

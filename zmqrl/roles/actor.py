@@ -1,12 +1,13 @@
 """Actor: steps a vector of envs with a local policy and PUSHes batches of n-step transitions.
 
-Recipe: build the policy and envs, connect to the proxy (PUSH) and the learner's model stream
-(SUB), wait for the first model, then loop: take the newest model, act for the whole vector in
+Recipe: build the policy and envs, connect to the proxy (PUSH) and the learner's stream (its
+models and its control, :mod:`~zmqrl.roles.stream`), wait for the first model, then loop: take
+the learner's control (pause, allowance, done) and the newest model, act for the whole vector in
 one forward pass, build n-step transitions, and every ``actor.n_buffer`` transitions send one
 batch stamped with the model version, the actor's id, incarnation and sequence number.
 
 Costs that decide a fast actor's speed (CartPole: a vector step takes ~150 us on 2 cores), each
-measured and kept off the per-step path: the model socket is polled every ``MODEL_POLL_S``, not
+measured and kept off the per-step path: the stream is polled every ``MODEL_POLL_S``, not
 every step; batches finished within ``SEND_LINGER_S`` of the last send go out together, because
 waking ZeroMQ's I/O thread for each message costs more than the rest of the sending; batches
 that go out together are assembled with one concatenation per field; priorities come from the
@@ -33,30 +34,37 @@ import numpy as np
 import zmq
 
 from zmqrl.config import Config
-from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, Allowance, learner_done, load_if_fits, task_signature
-from zmqrl.roles.net import limits, options, send_blocking
+from zmqrl.frames import image_fields
+from zmqrl.roles.fit import (
+    EXIT_CONFIG_MISMATCH,
+    Allowance,
+    learner_done,
+    load_if_fits,
+    signature_digest,
+    task_signature,
+)
+from zmqrl.roles.net import options, send_blocking
 from zmqrl.roles.skeleton import RoleProcess, serve
+from zmqrl.roles.stream import LearnerStream
 from zmqrl.run.acting import ActingLoop, make_task
 from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
 from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
-    MODEL,
     SUPPORTED_VERSIONS,
     BatchEncoder,
     Message,
     SocketOptions,
     VersionTracker,
     WireError,
-    drain_latest_model,
     encode_hello,
     send_frames,
 )
-from zmqrl.wire.compact import FrameCompactor, image_fields
+from zmqrl.wire.compact import FrameCompactor
 
 log = logging.getLogger("zmqrl")
 
 HOST = socket.gethostname()
-MODEL_POLL_S = 0.002  # the loop looks for a new model (and link events, pause requests) this often
+MODEL_POLL_S = 0.002  # the loop looks for a new model and control (and link events) this often
 SEND_LINGER_S = 0.02  # batches finished sooner than this after the last send wait to go out together
 
 
@@ -144,16 +152,13 @@ class Actor(RoleProcess):
         self.loop = ActingLoop(cfg, self.policy, self.exploration, self.seed, priorities=self.priorities)
 
         self.proxy_addr, self.model_addr = proxy_addr, model_addr
-        self.model_limits = limits(cfg.net, MODEL)
-        self.sub = self.socket(zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)), connect=model_addr,
-                               link="to learner models {address}")
+        self.stream = LearnerStream(self, cfg.net, model_addr, digest=signature_digest(self.signature),
+                                    on_error=self._wire_error)
         self.push = self.socket(zmq.PUSH, options(cfg.net, SocketOptions.push(sndhwm=cfg.actor.send_hwm),
                                                   data_path=True),
                                 connect=proxy_addr, link="to proxy {address}", linger_ms=1000)
-        self.model_link = self.links[0]
-        self.versions = VersionTracker()
         self.version = -1
-        self.allowance = Allowance()  # the learner's pause and allowance, as its models say them
+        self.allowance = Allowance()  # the learner's pause and allowance, as its control says them
         self.made = 0  # transitions in finished batches, counted against the allowance
         self.seq = 0
         self.encoder = BatchEncoder(self.name, self.incarnation, pack_below=DEFAULT_COPY_THRESHOLD)
@@ -175,8 +180,10 @@ class Actor(RoleProcess):
 
     # --- models -----------------------------------------------------------------------------
     def _take_newest_model(self) -> bool:
-        msg, bad = drain_latest_model(self.sub, self.versions, self.model_limits, observe=self._control,
-                                      on_error=self._wire_error)
+        """Take the learner's control, then its newest model (and control of its line that waited for it)."""
+        bad = self.stream.take_control(self._control)
+        msg, bad_models = self.stream.newest_model()
+        bad += bad_models
         self.stats.bad_models += bad
         if bad:
             self.ratelog.warn("bad-model", f"{self.name}: dropped {bad} bad message(s) from {self.model_addr}")
@@ -191,16 +198,21 @@ class Actor(RoleProcess):
             low, high = self._versions
             self._versions = (min(low, msg.version), max(high, msg.version))
         self.stats.model_updates += 1
+        self.stream.take_control(self._control)
         return True
 
+    @property
+    def versions(self) -> VersionTracker:
+        """The learner line and model version in use (:class:`~zmqrl.wire.VersionTracker`)."""
+        return self.stream.versions
+
     def _control(self, msg: Message) -> None:
-        """Control fields in model meta: ``pause`` (the learner's rate limiter asks actors to stop
-        stepping), ``quota`` (while the learner is starting: hold once this actor has made that
-        many transitions, until a model without one comes), ``allow`` (while it trains: make at
-        most that many more transitions until the next model) and ``done`` (the run is over: finish)."""
-        if msg.incarnation == self.versions.incarnation or self.versions.incarnation is None:
-            self.allowance.observe(msg, self.made)
-        done = learner_done(msg, self.versions)
+        """The learner's control: ``pause`` (its rate limiter asks actors to stop stepping), ``quota``
+        (while the learner is starting: hold once this actor has made that many transitions, until
+        control without one comes), ``allow`` (while it trains: make at most that many more
+        transitions per grant) and ``done`` (the run is over: finish)."""
+        self.allowance.observe(msg, self.made)
+        done = learner_done(msg)
         if done and not self.finished:
             self.finished = done
             log.info("%s: the learner finished (%s); stopping", self.name, done)
@@ -228,7 +240,7 @@ class Actor(RoleProcess):
         started, remind = time.monotonic(), Every(10.0)
         wait_s = self.cfg.net.peer_wait_s
         while not stop.set and not self.refused and not self.finished:
-            if self.sub.poll(100, zmq.POLLIN) and self._take_newest_model():
+            if self.stream.wait(100) and self._take_newest_model():
                 log.info("%s: got model version %d after %.2fs; acting with %s %s", self.name, self.version,
                          time.monotonic() - started, self.exploration.name, self.exploration.describe())
                 return True
@@ -307,10 +319,10 @@ class Actor(RoleProcess):
     def _housekeeping(self) -> None:
         """Between env steps, at most every ``MODEL_POLL_S``: newest model, link events, pause state."""
         self._take_newest_model()
-        # Paused by the learner's rate limiter, past its start-up quota, or cut off from the
-        # learner: stepping on would only fill queues with data nobody trains on yet, from a
-        # policy that is getting older by the second.
-        self._hold = self.model_link.down or self._past_quota()
+        # Paused by the learner's rate limiter, past its start-up quota, cut off from the learner, or
+        # its control says it runs another task: stepping on would only fill queues with data nobody
+        # trains on yet, from a policy that is getting older by the second.
+        self._hold = self.stream.down or self.stream.foreign or self._past_quota()
 
     def _past_quota(self) -> bool:
         """Whether the learner asks this actor to hold: paused, or its start-up quota or allowance made."""
@@ -351,7 +363,7 @@ class Actor(RoleProcess):
                     break
                 if self._hold:
                     self._flush(stop)  # nothing finished waits out a pause
-                    self.sub.poll(50, zmq.POLLIN)
+                    self.stream.wait(50)
                     stats.paused_s += clock() - now
                     next_poll = 0.0
                     continue
@@ -381,7 +393,7 @@ class Actor(RoleProcess):
                 break
 
     def _keep_reading(self) -> None:
-        """While blocked on send: keep the model stream read."""
+        """While blocked on send: keep the learner's stream read."""
         self._take_newest_model()
 
 

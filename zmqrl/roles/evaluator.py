@@ -1,6 +1,7 @@
 """Evaluator: runs greedy episodes on new model versions, reports them, keeps the best model.
 
-Recipe: subscribe to the learner's models, push reports to the learner's evaluation socket,
+Recipe: subscribe to the learner's stream (models and control), push reports to the learner's
+evaluation socket,
 then loop: take the newest model; when it is at least ``trainer.eval_interval`` optimisation
 steps past the last one evaluated, run ``trainer.eval_episodes`` greedy episodes, report the
 returns, and save the model to ``checkpoints/best`` when it beats every earlier one.
@@ -19,23 +20,14 @@ import zmq
 from zmqrl.config import Config
 from zmqrl.envs.evaluator import evaluator_for
 from zmqrl.roles.admission import MAC_KEY, TOKEN_ENV, TOKEN_FILE, eval_token, report_mac
-from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, task_signature
-from zmqrl.roles.net import limits, options
+from zmqrl.roles.fit import EXIT_CONFIG_MISMATCH, learner_done, load_if_fits, signature_digest, task_signature
+from zmqrl.roles.net import options
 from zmqrl.roles.skeleton import RoleProcess, serve
+from zmqrl.roles.stream import LearnerStream
 from zmqrl.run import checkpoint
 from zmqrl.run.acting import make_task
 from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
-from zmqrl.wire import (
-    EVAL,
-    MODEL,
-    Message,
-    SocketOptions,
-    VersionTracker,
-    drain_latest_model,
-    encode,
-    eval_meta,
-    send_frames,
-)
+from zmqrl.wire import EVAL, Message, SocketOptions, encode, eval_meta, send_frames
 
 log = logging.getLogger("zmqrl")
 
@@ -52,12 +44,10 @@ class Evaluator(RoleProcess):
         self.policy = task.policy(seed, backend=cfg.actor.backend)
         self.episodes = evaluator_for(cfg, seed)
         self.model_addr, self.report_addr = model_addr, report_addr
-        self.model_limits = limits(cfg.net, MODEL)
-        self.sub = self.socket(zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)), connect=model_addr,
-                               link="to learner models {address}")
+        self.stream = LearnerStream(self, cfg.net, model_addr, digest=signature_digest(self.signature))
         self.push = self.socket(zmq.PUSH, options(cfg.net, SocketOptions.push()), connect=report_addr,
                                 link="to learner reports {address}", linger_ms=500)
-        self.versions = VersionTracker()
+        self.versions = self.stream.versions
         self.seq = 0
         self.best = -math.inf
         self.last_opt_steps: int | None = None
@@ -74,7 +64,10 @@ class Evaluator(RoleProcess):
 
     def step(self) -> bool:
         """Evaluate the newest model if one is due; returns whether an evaluation ran."""
-        msg, bad = drain_latest_model(self.sub, self.versions, self.model_limits, observe=self._control)
+        bad = self.stream.take_control(self._control)
+        msg, bad_models = self.stream.newest_model()
+        self.stream.take_control(self._control)  # control of a learner line whose model just came
+        bad += bad_models
         if bad:
             self.ratelog.warn("bad", f"evaluator: dropped {bad} bad message(s) from {self.model_addr}")
         if msg is None:
@@ -134,8 +127,8 @@ class Evaluator(RoleProcess):
                                 "training_state": False})
 
     def _control(self, msg: Message) -> None:
-        """``done`` in a model's meta from the current learner: the run is over."""
-        done = learner_done(msg, self.versions)
+        """``done`` in the learner's control: the run is over."""
+        done = learner_done(msg)
         if done and not self.finished:
             self.finished = done
             log.info("evaluator: the learner finished (%s); stopping", done)
@@ -145,7 +138,7 @@ class Evaluator(RoleProcess):
         remind = Every(30.0)
         while not stop.set and not self.finished and not self.refused:
             if not self.step():
-                self.sub.poll(100, zmq.POLLIN)
+                self.stream.wait(100)
                 if self.versions.version < 0 and remind():
                     log.info("evaluator: still waiting for a model from %s", self.model_addr)
 

@@ -1,14 +1,17 @@
 """Whether a role's config fits the learner's: what the learner announces, and what a role says
 when it does not fit (naming both sides and the config key to change).
 
-The learner puts :func:`task_signature` in the meta of every model message. An actor or an
-evaluator compares it with its own before loading the parameters; a difference, or parameters
+The learner puts :func:`task_signature` in the meta of every model message (and its
+:func:`signature_digest` in every control message). An actor or an evaluator compares it with
+its own before loading the parameters; a difference, or parameters
 whose names or shapes do not fit its network, is a config mistake that retrying cannot mend:
 the role reports it to the learner, logs it and exits 2.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +20,7 @@ import gymnasium as gym
 from zmqrl.config import to_dict
 from zmqrl.core import Policy
 from zmqrl.run.acting import Task
-from zmqrl.wire import Message, VersionTracker
+from zmqrl.wire import Message
 
 EXIT_CONFIG_MISMATCH = 2
 
@@ -39,6 +42,13 @@ def task_signature(task: Task) -> dict[str, Any]:
 
 _FIELDS = (("algo", "agent.algo"), ("env_id", "env.id"), ("obs", "env.id, env.wrappers or env.kwargs"),
            ("action", "env.id or env.kwargs"))
+
+
+def signature_digest(signature: dict[str, Any]) -> str:
+    """A short digest of what must agree for a role to act for a learner (the fields :func:`misfit`
+    compares): the learner's control messages carry it, so a role that does not fit knows at once."""
+    text = json.dumps([signature.get(key) for key, _ in _FIELDS], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def misfit(mine: dict[str, Any], theirs: Any) -> str | None:
@@ -81,17 +91,15 @@ def load_if_fits(policy: Policy, mine: dict[str, Any], msg: Message) -> str | No
     return f"the learner's model (version {msg.version}) does not fit this config: {problem}"
 
 
-def learner_done(msg: Message, versions: VersionTracker) -> str:
-    """The stop reason when a model message says the run is over, from the learner line in use
-    (or any, before the first model was taken); "" otherwise."""
+def learner_done(msg: Message) -> str:
+    """The stop reason when a control message says the run is over; "" otherwise."""
     done = msg.meta.get("done")
-    current = msg.incarnation == versions.incarnation or versions.incarnation is None
-    return done if current and isinstance(done, str) else ""
+    return done if isinstance(done, str) else ""
 
 
 def hold_limit(meta: Mapping[str, Any], made: int, quota: int | None = None) -> int | None:
     """How many transitions in all an actor that has made ``made`` may reach before it holds, as a
-    model's meta says: while the learner trains, its ``allow`` more than the limit so far (``quota``,
+    control message's meta says: while the learner trains, its ``allow`` more than the limit so far (``quota``,
     the limit from this learner's previous grant; ``made`` when there is none), but never more than
     two grants ahead of ``made``; while the learner loads torch, its start-up ``quota``; else None
     (no bound). :class:`Allowance` applies it once per grant."""
@@ -105,10 +113,10 @@ MAX_STAMPED_GRANTS = 4  # grants a batch lists: the last ones applied (three rea
 
 
 class Allowance:
-    """An actor's side of the learner's rate limiter, as models from the learner line in use say it.
+    """An actor's side of the learner's rate limiter, as control from the learner line in use says it.
 
-    ``pause``: hold. ``allow`` with a ``grant`` number (a model encoded while the learner trains):
-    the actor may make that many more transitions; each grant counts once (a model sent again grants
+    ``pause``: hold. ``allow`` with a ``grant`` number (control made while the learner trains):
+    the actor may make that many more transitions; each grant counts once (control sent again grants
     nothing) and none counts while paused. Every batch lists the last grants applied (:meth:`stamp`;
     a batch lost on the way loses none), so the learner can keep the same account of each actor
     (:class:`~zmqrl.roles.ratelimit.Allowances`) and refuse what an actor makes beyond it.
@@ -116,13 +124,13 @@ class Allowance:
 
     def __init__(self) -> None:
         self.paused = False
-        self.quota: int | None = None  # hold once ``made`` reaches this, until a model lifts or moves it
+        self.quota: int | None = None  # hold once ``made`` reaches this, until control lifts or moves it
         self._seen: tuple[str, Any] = ("", None)  # the last (incarnation, grant) looked at
         self._from: str | None = None  # the learner incarnation whose grants ``quota`` comes from
         self._applied: list[int] = []  # the last grants applied (numbers of this learner line)
 
     def observe(self, msg: Message, made: int) -> None:
-        """Take the control fields of ``msg``, a model from the learner line in use."""
+        """Take the control fields of ``msg``, control from the learner line in use."""
         meta = msg.meta
         self.paused = meta.get("pause") is True
         grant = (msg.incarnation, meta.get("grant"))

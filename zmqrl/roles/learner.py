@@ -1,25 +1,32 @@
 """Learner: owns replay and the agent; trains on what actors send and publishes versioned models.
 
-(Past 450 lines as the one class a learner is; its intake, per-peer accounting, evaluation admission and
-rate limiter each live in their own module, named below.)
-
 Recipe: build replay and bookkeeping (shared with ``zmqrl train``), bind the data PULL, the
-evaluation PULL and the model XPUB, then loop: every ``INGEST_INTERVAL_S`` take in what has
-arrived (:mod:`~zmqrl.roles.ingest`), optimise, update priorities, and every
-``trainer.sync_interval`` steps publish the model with the next version; stop, and tell every
-role on the model stream that the run is over. The latest model is re-published when a
-subscriber appears and every ``net.republish_s`` seconds, so late joiners never wait for the
-next sync. Per-peer accounting lives in :mod:`~zmqrl.roles.peers`, the samples-per-insert rate
-limiter in :mod:`~zmqrl.roles.ratelimit`.
+evaluation PULL and the XPUB of its stream, start the intake and the publisher beside the loop,
+then loop: insert the ready work the intake hands over, sample, optimise, write priorities one
+step late, and every ``trainer.sync_interval`` steps hand the publisher the model with the next
+version; stop, and tell every role the run is over.
+
+The learner is three parts, each in its own module, and a message goes through them forward only:
+
+* the **intake** (:mod:`~zmqrl.roles.intake`, a thread): receives, decodes, checks and accounts
+  for what arrives (sequences, allowances, evaluation admission) and hands ready batches and
+  evaluations to the loop through a bounded queue;
+* the **loop** (here): inserts that work between steps (:mod:`~zmqrl.roles.inserts`), counts it
+  (:mod:`~zmqrl.roles.peers`), trains, and decides what every role is asked (the rate limiter of
+  :mod:`~zmqrl.roles.ratelimit`); it never waits on a socket;
+* the **publisher** (:mod:`~zmqrl.roles.publisher`, a thread): sends a model only with a new
+  version, to new subscribers and every ``net.republish_s``; control (pause, allowance and grant,
+  quota, done) in messages of a few hundred bytes of its own.
 
 A step's results are read one step late: the loop samples batch k+1, then writes step k's
 priorities and counts it, then queues step k+1 (:class:`~zmqrl.core.DefersUpdates`), so on CUDA the
 device runs a step while the host samples the next batch instead of waiting for it. Each step's
-priorities reach replay exactly once, in order, and the pending step is settled first wherever the
-agent or replay is read as a whole: before a model goes out, before new transitions go into replay
-(whose slots a sampled batch may name), before the summary, before the waits of a learner starved or
-throttled, at the end, and before the sample that would follow a step whose count brings a checkpoint
-or ``max_opts`` (so a checkpoint's replay has drawn no batch its agent has not trained on).
+priorities reach replay exactly once, in order; items that new batches took the place of since
+the step's batch was sampled keep their own (``sampled_at``), so inserts land between steps with a
+step pending. The pending step is settled first wherever the agent or replay is read as a whole:
+before a model is made, before the summary, before the waits of a learner starved or throttled,
+at the end, and before the sample that would follow a step whose count brings a checkpoint or
+``max_opts`` (so a checkpoint's replay has drawn no batch its agent has not trained on).
 
 Startup does not wait for torch (seconds to import on a small machine): where the algorithm can
 draw its version-0 parameters with numpy, the learner publishes them, starts receiving and
@@ -44,12 +51,13 @@ from zmqrl import __version__
 from zmqrl.config import Config
 from zmqrl.core import Agent, DefersUpdates, PendingUpdate
 from zmqrl.replay.prioritized import priority_counts
-from zmqrl.roles.admission import EvalAdmission, reported_point
-from zmqrl.roles.fit import task_signature
-from zmqrl.roles.ingest import Receiver, ReplayWriter
-from zmqrl.roles.net import auth_counts, limits, options
-from zmqrl.roles.peers import PeerAccounts, episodes
-from zmqrl.roles.proxy import PROXY_QUEUE
+from zmqrl.roles.admission import EvalAdmission
+from zmqrl.roles.fit import signature_digest, task_signature
+from zmqrl.roles.inserts import ReplayWriter
+from zmqrl.roles.intake import Arrived, Evaluation, Intake
+from zmqrl.roles.net import PROXY_QUEUE, auth_counts, limits, options
+from zmqrl.roles.peers import PeerAccounts
+from zmqrl.roles.publisher import ControlState, Publisher
 from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
 from zmqrl.roles.skeleton import RoleProcess, serve
 from zmqrl.run.acting import make_task
@@ -58,23 +66,13 @@ from zmqrl.run.lifecycle import Background, Every, StopFlag, seed_everything
 from zmqrl.run.record import print_run_table
 from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE, RunDir, read_json, restart_counts, write_json_atomic
 from zmqrl.run.startup import open_run
-from zmqrl.wire import (
-    BATCH,
-    EVAL,
-    HELLO,
-    STATS,
-    Message,
-    SocketOptions,
-    bound_address,
-    decode,
-    encode_model,
-    send_frames,
-)
+from zmqrl.wire import BATCH, EVAL, HELLO, STATS, SocketOptions, bound_address, encode_model
 
 log = logging.getLogger("zmqrl")
 
-INGEST_INTERVAL_S = 0.05  # while training, read and insert what arrived this often (bursts amortise costs)
-REGRANT_S = 0.05  # while the learner waits for data (max_samples_per_insert), it re-sends its model this often
+REGRANT_S = 0.05  # while the learner waits for data (max_samples_per_insert), it grants actors more this often
+TAKE_PER_STEP = 8  # ready batches inserted between two steps at most (the rest after the next step)
+IDLE_WAIT_S = 0.1  # a learner with nothing to do waits this long at most for ready work
 
 
 class Learner(RoleProcess):
@@ -92,9 +90,10 @@ class Learner(RoleProcess):
         self._initial = None if resume else self.task.initial_params()
         self._agent: Agent | None = None
         self._update: Callable[[Mapping[str, np.ndarray]], PendingUpdate] | None = None  # the agent's, deferred
-        self._pending: tuple[PendingUpdate, np.ndarray] | None = None  # the step whose results are unread, its indices
+        # the step whose results are unread: its pending results, sampled indices and replay's count then
+        self._pending: tuple[PendingUpdate, np.ndarray, int] | None = None
         self._builder: Background[Agent] = Background(self._build_agent, name="agent-builder")
-        self._deferred: list[Message] = []  # evaluation reports that came before the agent
+        self._deferred: list[Evaluation] = []  # evaluations that came before the agent
         # The agent is built now (before anything is written or bound) to resume, or where the algorithm
         # cannot draw its version-0 parameters without torch; otherwise in the background.
         run = open_run(cfg, run_dir, self.spec, resume=resume,
@@ -123,26 +122,31 @@ class Learner(RoleProcess):
         self.endpoints = {"data": bound_address(self.data), "model": bound_address(self.pub),
                           "eval": bound_address(self.evals)}
         self._write_endpoints()
-        self.receiver = Receiver(self.data, self.evals, cfg, self.spec, self.task.value_limits())
-        self.writer = ReplayWriter(self.replay, net.max_peers, net.peer_idle_s)
-        # env steps an actor has taken but not yet sent as transitions: its batch being filled, its n-step
-        # windows, and the batches of one send (several go out together)
-        buffered = 4 * (cfg.actor.n_buffer + cfg.env.num_envs * cfg.agent.n_step)
-        self.peers = PeerAccounts(net.max_peers, net.peer_idle_s, step_slack=buffered)
         # batches made before the allowance came into force may still be queued on the way (an actor's,
         # its proxy's and this socket's queues): that much of each sender's unstamped data is taken
         in_flight = (cfg.actor.send_hwm + 2 * PROXY_QUEUE) * cfg.actor.n_buffer
         self.allowances = Allowances(net.max_peers, net.peer_idle_s, unstamped=in_flight)
-        self.admission = EvalAdmission(cfg, self.dir)
+        self.signature = task_signature(self.task)
+        self.publisher = Publisher(self.pub, self.incarnation, signature_digest(self.signature), self.allowances,
+                                   net.republish_s)
+        self.intake = Intake(self.data, self.evals, cfg, self.spec, value_limits=self.task.value_limits(),
+                             allowances=self.allowances, admission=EvalAdmission(cfg, self.dir),
+                             incarnation=self.incarnation, now=self.book.point, published=lambda: self.book.version,
+                             fingerprint=bool(getattr(self.replay, "frame_keys", ())),
+                             batch_problem=self.task.batch_problem)
+        self.writer = ReplayWriter(self.replay, net.max_peers, net.peer_idle_s,
+                                   frames_per_item=self.task.new_frames_per_item())
+        # env steps an actor has taken but not yet sent as transitions: its batch being filled, its n-step
+        # windows, and the batches of one send (several go out together)
+        buffered = 4 * (cfg.actor.n_buffer + cfg.env.num_envs * cfg.agent.n_step)
+        self.peers = PeerAccounts(net.max_peers, net.peer_idle_s, step_slack=buffered)
         self.updates_skipped = 0  # optimisation steps not applied: their loss or gradients were not finite
         self.models_withheld = 0  # models not published: their parameters were not finite
-        self.signature = task_signature(self.task)
         self.batches = 0
-        self.published = 0
-        self._last_params: list[Any] | None = None
         self.first_batch_s: float | None = None
         self.first_update_s: float | None = None
         self._denormals_before: bool | None = None  # whether denormals were flushed before _first_update flushed them
+        self._threads = False  # the intake and the publisher run (from run() on)
         if self._agent is None:
             self._builder.start()
             log.info("learner: sockets bound after %.1fs; building the agent in the background",
@@ -186,9 +190,10 @@ class Learner(RoleProcess):
         elif self._builder.is_alive():
             return False
         self._adopt(self._builder.get())
-        self.publish(new_version=False, refresh=True)  # without the quota: actors held by it go on
+        self._ask()  # without the quota: actors held by it go on
         deferred, self._deferred = self._deferred, []
-        self._dispatch(deferred)
+        for evaluation in deferred:
+            self._record(evaluation)
         return True
 
     @property
@@ -204,120 +209,75 @@ class Learner(RoleProcess):
         data["learner"] = self.endpoints
         write_json_atomic(path, data)
 
-    # --- models out ---------------------------------------------------------------------------
-    def publish(self, new_version: bool, refresh: bool = False, done: str = "") -> None:
-        """Send the current model; with ``new_version`` it first gets the next version number.
+    # --- what every role is asked, and models ------------------------------------------------
+    def _ask(self, grant: bool = False) -> None:
+        """Hand the publisher what every role is asked now (:class:`~zmqrl.roles.publisher.ControlState`):
+        the rate limiter's pause; while the agent is still being built with the limiter on, a ``quota``
+        (each actor makes at most ``trainer.warmup`` transitions until control without one comes:
+        importing torch can stall this loop for a good part of a second, too late to ask for a pause);
+        once it trains on a warm replay, the ``allowance`` each grant gives every actor
+        (:meth:`SamplesPerInsert.allowance`), so a slow iteration of this loop cannot let actors run on
+        unbounded before its pause goes out. ``grant``: a new grant even if nothing else changed."""
+        quota = self.cfg.trainer.warmup if self._agent is None and self.limiter.min_ratio > 0 else None
+        allowance = self.limiter.allowance() if quota is None else None
+        self.publisher.post_control(ControlState(self.limiter.paused, allowance, quota), grant=grant)
 
-        The meta carries ``pause`` (the rate limiter's request that actors stop stepping), the
-        task signature (so a role whose config does not fit says so at once), and ``done`` with
-        the stop reason when the run is over (roles then finish). While the agent is still being
-        built with the rate limiter on, it also carries ``quota``: each actor makes at most that
-        many transitions (``trainer.warmup``) until a model without one comes. Importing torch
-        can stall this loop for a good part of a second (the library loads under the interpreter
-        lock), too late to ask for a pause; the quota bounds what arrives before the first update
-        without the learner having to speak in time. Once the agent trains on a warm replay, the
-        meta carries ``allow`` instead: each actor makes at most that many more transitions per
-        model it receives (:meth:`SamplesPerInsert.allowance`), so a slow iteration of this loop
-        cannot let actors run on unbounded before its pause goes out.
-        """
-        if self._pending is not None and (new_version or refresh or done or self._last_params is None):
+    def publish(self, new_version: bool) -> None:
+        """Hand the publisher the current model; with ``new_version`` it first gets the next version
+        number (and every actor a new grant). A model whose parameters are not finite is withheld."""
+        started = time.perf_counter()
+        if self._pending is not None:
             new_version = self._resolve() or new_version  # the model after the pending step, with its count
-        started = time.perf_counter()
-        try:
-            self._publish(new_version, refresh, done)
-        finally:
-            self.book.cost.add("publish", time.perf_counter() - started)
-
-    def _publish(self, new_version: bool, refresh: bool, done: str) -> None:
-        if new_version or refresh or done or self._last_params is None:
-            params = self._initial if self._agent is None and self._initial is not None else self.agent.params()
-            bad = nonfinite_params(params)
-            if bad:
-                self.models_withheld += 1
-                self.ratelog.warn("nonfinite-model", f"learner: not publishing the model of opt step "
-                                                     f"{self.book.opt_steps}: {bad} holds non-finite values "
-                                                     f"({self.models_withheld} withheld so far)")
-                if self._last_params is None:
-                    return
-                params = decode(self._last_params).arrays  # the last good model, with today's control fields
-            if new_version and not bad:
+        params = self._initial if self._agent is None and self._initial is not None else self.agent.params()
+        bad = nonfinite_params(params)
+        if bad:
+            self.models_withheld += 1
+            self.ratelog.warn("nonfinite-model", f"learner: not publishing the model of opt step "
+                                                 f"{self.book.opt_steps}: {bad} holds non-finite values "
+                                                 f"({self.models_withheld} withheld so far)")
+        else:
+            if new_version:
                 self.book.version += 1
-            meta: dict[str, Any] = {"opt_steps": self.book.opt_steps, "env_steps": self.book.env_steps,
-                                    "wall_s": round(self.book.wall_s, 3), "pause": self.limiter.paused,
-                                    "task": self.signature, "zmqrl": __version__}
-            allowance = self.limiter.allowance()
-            if self._agent is None and self.limiter.min_ratio > 0:
-                meta["quota"] = self.cfg.trainer.warmup
-                self.allowances.grant(None)
-            elif allowance is not None:
-                meta["allow"] = allowance
-                meta["grant"] = self.allowances.grant(allowance, paused=self.limiter.paused)
-            else:
-                self.allowances.grant(None)
-            if done:
-                meta["done"] = done
-            self._last_params = encode_model("learner", self.incarnation, self.book.version, params, meta=meta)
-        try:
-            send_frames(self.pub, self._last_params, flags=zmq.NOBLOCK)
-            self.published += 1
-        except zmq.Again:
-            pass  # PUB drops by design; the next version supersedes this one
+            meta = {"opt_steps": self.book.opt_steps, "env_steps": self.book.env_steps,
+                    "wall_s": round(self.book.wall_s, 3), "task": self.signature, "zmqrl": __version__}
+            frame = encode_model("learner", self.incarnation, self.book.version, params, meta=meta)[0]
+            self.publisher.post_model(self.book.version, bytes(frame))
+            self._ask(grant=new_version)
+        self.book.cost.add("publish", time.perf_counter() - started)
 
-    def _new_subscribers(self, at_most: int = 256) -> bool:
-        """True when a subscriber joined since the last look (XPUB subscription messages, at most
-        ``at_most`` read per look: a flood of them must not hold the loop)."""
-        joined = False
-        for _ in range(at_most):
-            if not self.pub.poll(0, zmq.POLLIN):  # no zmq.Again raised in the common case
-                break
-            event = self.pub.recv(zmq.NOBLOCK)
-            joined |= event[:1] == b"\x01"
-        return joined
-
-    # --- data in ------------------------------------------------------------------------------
-    def ingest(self, timeout: float = 0.0, max_messages: int = 256) -> int:
-        """Move what has arrived (up to ``max_messages`` messages) into replay; returns transitions inserted.
-        Its time counts as ``ingest`` less what it spent waiting (``timeout``) for a first message."""
+    # --- work in --------------------------------------------------------------------------------
+    def _take_in(self, max_items: int | None = TAKE_PER_STEP) -> int:
+        """Insert the ready batches the intake handed over (at most ``max_items``), record the admitted
+        evaluations; returns the transitions inserted."""
         started = time.perf_counter()
-        received = self.receiver.receive(timeout, max_messages)
-        waited = self.receiver.waited_s
-        inserted = self._dispatch(received)
-        self.book.cost.add("ingest", max(0.0, time.perf_counter() - started - waited))
+        work = self.intake.handoff.take(max_items)
+        if not work:
+            return 0
+        batches = [w for w in work if isinstance(w, Arrived)]
+        inserted = sum(self._account(item) for item in self.writer.insert(batches)) if batches else 0
+        for w in work:
+            if isinstance(w, Evaluation):
+                if self._agent is None:
+                    self._deferred.append(w)  # recording it opens TensorBoard: that waits for torch
+                else:
+                    self._record(w)
+        self.book.cost.add("insert", time.perf_counter() - started)
         return inserted
 
-    def _dispatch(self, messages: list[Message]) -> int:
-        """Handle received messages: batches (in sequence) go into replay together."""
-        batches = []
-        for msg in messages:
-            if msg.kind == BATCH:
-                if not self.peers.in_sequence(msg):
-                    if self.peers.sequences.last_refusal == "jump":
-                        self.receiver.refuse("seq_jump", "data", msg.sender, f"sequence number {msg.seq} lies "
-                                             f"implausibly far ahead of its last one (refused, not counted as lost)")
-                elif not self.allowances.take(msg.sender, len(msg.arrays["reward"]), msg.meta.get("grants")):
-                    self.receiver.refuse("over_allowance", "data", msg.sender, "it sent more than the learner "
-                                         "allowed it (an actor that ignores the rate limiter's pause)")
-                else:
-                    batches.append(msg)
-            elif msg.kind == STATS:
-                self.peers.proxy_stats(msg)
-            elif msg.kind == HELLO:
-                reason = self.peers.mismatch(msg)
-                if reason:
-                    self.ratelog.warn(f"mismatch-{msg.sender}", f"learner: {msg.sender} refused this learner's "
-                                                                f"model: {reason}")
-            elif msg.kind == EVAL:
-                if self._agent is None:
-                    self._deferred.append(msg)  # recording it opens TensorBoard: that waits for torch
-                else:
-                    self._evaluation(msg)
-        if batches:
-            self._settle()  # the pending step's priorities before new items take the slots it sampled
-        return sum(self._account(msg) for msg in self.writer.insert(batches))
+    def ingest(self, timeout: float = 0.0) -> int:
+        """Take in, on this thread, what has arrived within ``timeout`` seconds and insert it; returns
+        the transitions inserted. For a learner whose threads are not running (one driven step by step)."""
+        if self._threads:
+            raise RuntimeError("Learner.ingest: the intake thread is running (use run)")
+        self.intake.poll(timeout)
+        inserted = 0
+        while len(self.intake.handoff):
+            inserted += self._take_in(None)
+        return inserted
 
-    def _account(self, msg: Message) -> int:
+    def _account(self, item: Arrived) -> int:
         """Counters, episodes and env steps of a batch now in replay; returns its length."""
-        n = len(msg.arrays["reward"])
+        msg, n = item.msg, item.rows
         self.limiter.inserted += n
         self.batches += 1
         if self.first_batch_s is None:
@@ -326,6 +286,10 @@ class Learner(RoleProcess):
         self.book.add_env_steps(steps)
         self.book.add_episodes(returns, lengths)
         return n
+
+    def _record(self, evaluation: Evaluation) -> None:
+        self.book.evaluation(evaluation.returns, evaluation.lengths, version=evaluation.version, save_best=False,
+                             at=evaluation.at)
 
     # --- optimisation steps -------------------------------------------------------------------
     def _steps_taken(self) -> int:
@@ -339,7 +303,7 @@ class Learner(RoleProcess):
         publishes it, :meth:`_settle`)."""
         if self._pending is None:
             return False
-        pending, indices = self._pending
+        pending, indices, sampled_at = self._pending
         self._pending = None
         t0 = time.perf_counter()
         metrics, priorities = pending.result()
@@ -347,8 +311,8 @@ class Learner(RoleProcess):
         if metrics.get("skipped"):
             self._skipped_update()
         if priorities is not None:
-            self.replay.update_priorities(indices, priorities)
-        self.book.cost.add("update", t1 - t0)  # the host waiting for the device to finish the step
+            self.replay.update_priorities(indices, priorities, sampled_at=sampled_at)
+        self.book.cost.add("wait", t1 - t0)  # the host waiting for the device to finish the step
         self.book.cost.add("priorities", time.perf_counter() - t1)
         self.book.opt_step(metrics, perf=self.perf, save=save)
         if self.first_update_s is None:
@@ -394,20 +358,6 @@ class Learner(RoleProcess):
             "replay_size": len(self.replay)})
         log.info("learner: first optimisation step after %.2fs", self.first_update_s)
 
-    def _evaluation(self, msg: Message) -> None:
-        """Take an evaluation report if it is the admitted evaluator's, for a model this learner published
-        (:mod:`~zmqrl.roles.admission`); refuse and count it otherwise."""
-        now = self.book.point()
-        refused = self.admission.problem(msg.sender, msg.incarnation, msg.seq, msg.version, msg.meta,
-                                         self.incarnation, self.book.version, now)
-        if refused is not None:
-            reason, why = refused
-            self.receiver.refuse(reason, "eval", msg.sender, f"evaluation report not counted: {why}")
-            return
-        returns, lengths = episodes({"episodes": msg.meta})
-        self.book.evaluation(returns, lengths, version=msg.version, save_best=False,
-                             at=reported_point(msg.meta, now))
-
     # --- stats --------------------------------------------------------------------------------
     @property
     def inserted(self) -> int:
@@ -418,41 +368,49 @@ class Learner(RoleProcess):
         return self.limiter.ratio(self.book.opt_steps)
 
     def perf(self) -> dict[str, float]:
+        intake = self.intake.summary()
         values = {**replay_values(self.replay), "perf/samples_per_insert": self.samples_per_insert(),
                   "perf/transitions_inserted_per_s": self._insert_rate.read(self.limiter.inserted),
-                  "perf/bytes_received": float(self.receiver.bytes),
-                  "perf/rejected": float(self.rejected_total()), "perf/model_version": float(self.book.version)}
-        values.update(self.peers.perf())
+                  "perf/bytes_received": float(intake["bytes_received"]),
+                  "perf/bytes_published": float(self.publisher.model_bytes + self.publisher.control_bytes),
+                  "perf/rejected": float(self._rejected(intake)), "perf/model_version": float(self.book.version),
+                  "perf/intake_queue": float(intake["handoff"]["items"]),
+                  "perf/intake_cpu_s": float(intake["cpu_s"])}
+        values.update(self.peers.perf(intake))
         if self.peers.lags:
             self.book.recorder.histogram(self.book.opt_steps, "perf/policy_lag",
                                          np.fromiter(self.peers.lags, np.int64))
         return values
 
+    def _rejected(self, intake: dict[str, Any]) -> int:
+        return int(intake["rejected_total"]) + self.writer.rejected + self.writer.rejected_frames
+
     def rejected_total(self) -> int:
-        return sum(self.receiver.rejected.values()) + self.writer.rejected + self.writer.rejected_frames
+        return self._rejected(self.intake.summary())
 
     def summary_extra(self) -> dict[str, Any]:
-        peers = self.peers.summary()
+        intake = self.intake.summary()
+        peers = self.peers.summary(intake)
+        published = self.publisher.stats()
         return {
             "role": "learner", "endpoints": self.endpoints, "replay_size": len(self.replay),
             "transitions_inserted": self.limiter.inserted,
             "transitions_inserted_per_s": self.limiter.inserted / max(self.book.wall_s, 1e-9),
             "samples_per_insert": self.samples_per_insert(),
-            "bytes_received": self.receiver.bytes, "wire": self.receiver.wire_stats(),
-            "models_published": self.published,
+            "bytes_received": intake["bytes_received"], "wire": intake["wire"],
+            "models_published": published["models_published"], "publisher": published,
             "models_withheld": self.models_withheld, "updates_skipped": self.updates_skipped,
             "rate_limiter_pauses": self.limiter.pauses, "first_batch_s": self.first_batch_s,
             "first_update_s": self.first_update_s,
+            "intake": {"cpu_s": intake["cpu_s"], **intake["handoff"]},
             "policy_lag": {**peers.pop("policy_lag"), "updates_per_version": self.cfg.trainer.sync_interval},
-            "messages": {"batches_received": self.batches, "bundles_received": self.receiver.bundles,
-                         "batches_lost": peers.pop("batches_lost"),
-                         "batches_dropped_old": peers.pop("batches_dropped_old"),
-                         "over_allowance_transitions": self.allowances.refused_transitions,
-                         "rejected": {**dict(self.receiver.rejected), "replay": self.writer.rejected,
+            "messages": {"batches_received": self.batches, "bundles_received": intake["bundles_received"],
+                         "batches_lost": intake["batches_lost"], "batches_dropped_old": intake["batches_dropped_old"],
+                         "over_allowance_transitions": intake["over_allowance_transitions"],
+                         "rejected": {**intake["rejected"], "replay": self.writer.rejected,
                                       "frames_unshared": self.writer.rejected_frames},
-                         "rejected_total": self.rejected_total(), "peers_refused": peers.pop("peers_refused"),
-                         "refused_names": peers.pop("refused_names"),
-                         "config_mismatches": peers.pop("config_mismatches")},
+                         "rejected_total": self._rejected(intake), "peers_refused": intake["peers_refused"],
+                         "refused_names": intake["refused_names"], "config_mismatches": intake["config_mismatches"]},
             "priorities": priority_counts(self.replay), "restarts": restart_counts(self.dir),
             **peers, "auth": auth_counts(self.ctx),
         }
@@ -462,6 +420,9 @@ class Learner(RoleProcess):
         """Train until stopped or done; returns the summary."""
         log.info("learner: data on %s, models on %s, evaluations on %s; run dir %s", self.endpoints["data"],
                  self.endpoints["model"], self.endpoints["eval"], self.dir)
+        self._threads = True
+        self.publisher.start()
+        self.intake.start()
         self.publish(new_version=False)
         try:
             return self._loop(stop)
@@ -477,68 +438,72 @@ class Learner(RoleProcess):
                 flush_denormals(False)
 
     def _loop(self, stop: StopFlag) -> dict[str, Any]:
-        cfg, tc, batch_size = self.cfg, self.cfg.trainer, self.cfg.agent.batch_size
-        republish, summarise = Every(cfg.net.republish_s), Every(max(cfg.net.stats_interval_s, 0.5))
-        waiting_log, ingest_due = Every(10.0), Every(INGEST_INTERVAL_S)
-        regrant = Every(REGRANT_S)
-        cost = self.book.cost
+        tc, batch_size = self.cfg.trainer, self.cfg.agent.batch_size
+        summarise = Every(max(self.cfg.net.stats_interval_s, 0.5))
+        waiting_log, regrant = Every(10.0), Every(REGRANT_S)
+        cost, handoff = self.book.cost, self.intake.handoff
         while not stop.set and not self.book.should_stop():
-            if self._new_subscribers() or republish():
-                self.publish(new_version=False)
+            self.intake.check()
+            self.publisher.check()
+            self._take_in()
             if summarise():
                 self._settle()  # the summary counts every step taken, its priorities written
                 self.book.write_summary(self.summary_extra())
             ready, warm = self.agent_ready(), len(self.replay) >= tc.warmup
             starving = not (warm and ready)
             throttled = self.limiter.throttled(self._steps_taken())
+            self.limiter.update_pause(self._steps_taken(), warm)
+            self._ask(grant=throttled and self.limiter.allowance() is not None and regrant())
             if starving or throttled:
                 self._settle()  # no step left pending while the loop waits
-                self.ingest(timeout=0.1)
-            elif ingest_due():
-                self.ingest()
-            if self.limiter.update_pause(self._steps_taken(), warm):
-                self.publish(new_version=False, refresh=True)  # tell actors at once, not at the next sync
-            if starving:
-                if waiting_log():
+                if starving and waiting_log():
                     log.info("learner: %d/%d warm-up transitions in replay; waiting for %s", len(self.replay),
                              tc.warmup, "actors" if ready else "the agent (torch loading) and actors")
-                continue
-            if throttled:
-                if self.limiter.allowance() is not None and regrant():
-                    self.publish(new_version=False, refresh=True)  # a new grant: actors held at their allowance go on
+                t0 = time.perf_counter()
+                handoff.wait(REGRANT_S if throttled else IDLE_WAIT_S)
+                cost.add("idle", time.perf_counter() - t0)
                 continue
             if self._pending is not None and self._settle_first():
                 self._settle()
                 continue  # the stop, the limiter and the rest see the step counted
             # Batch k+1 is drawn while the device may still run step k; step k's results are read after.
             t0 = time.perf_counter()
+            sampled_at = self.replay.num_added
             batch = self.replay.sample(batch_size)
             cost.add("sample", time.perf_counter() - t0)
             if self._resolve(save=False):  # (no checkpoint came due: _settle_first would have settled it)
                 self.publish(new_version=True)
             assert self._update is not None  # (the agent is ready)
             t1 = time.perf_counter()
-            self._pending = (self._update(batch), batch["indices"])
+            self._pending = (self._update(batch), batch["indices"], sampled_at)
             cost.add("update", time.perf_counter() - t1)
         if stop.set:
             self.book.stop_reason = f"stopped by {stop.signal_name or 'signal'}"
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
-        """A clean stop: account for what peers already sent, final checkpoint and summary, then
-        tell every role on the model stream that the run is over (they exit 0)."""
+        """A clean stop: take in what peers already sent, final checkpoint and summary, then tell every
+        role on the stream that the run is over (they exit 0)."""
         self._settle()  # the last step's priorities and count, before the final checkpoint and summary
-        self._dispatch(self.receiver.drain(seconds=1.0))
+        if self._threads:
+            self.intake.stop(drain_s=1.0)
+        else:
+            self.intake.poll(0.0)
+        while len(self.intake.handoff):
+            self._take_in(None)
         self.agent_ready(block=True)  # the final checkpoint needs the agent
         summary = self.book.finish(self.summary_extra())
         print_run_table(summary, self.dir, "learner summary")
-        self.publish(new_version=False, done=self.book.stop_reason or "finished")
+        if self._threads:
+            self.publisher.finish(self.book.stop_reason or "finished")
         self.close(linger_ms=1000)  # the last message leaves before the context goes
         return summary
 
     def close(self, linger_ms: int = 0) -> None:
-        """Close the sockets and the context; the model stream may flush ``linger_ms`` (``finish``, the
-        clean stop, lets its last message, the end of the run, leave)."""
+        """Stop the intake and the publisher, then close the sockets and the context; the stream may flush
+        ``linger_ms`` (``finish``, the clean stop, lets its last message, the end of the run, leave)."""
+        self.intake.stop()
+        self.publisher.stop()
         self.set_linger(self.pub, linger_ms)
         super().close()
 

@@ -17,6 +17,8 @@ from zmqrl.wire import Limits, SecureContext, Security, SecurityError, SocketOpt
 
 log = logging.getLogger("zmqrl")
 
+PROXY_QUEUE = 64  # batches (or bundles) a proxy queues towards the learner before it stops reading
+
 
 def limits(net: NetConfig, *kinds: str) -> Limits:
     """Receive limits for the kinds a socket may carry."""

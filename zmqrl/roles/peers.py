@@ -1,5 +1,9 @@
-"""The learner's accounting of its peers: actors (per name and incarnation) and proxies.
+"""The learner's accounting of its actors (per name and incarnation), and the checks of what a
+peer's meta may say.
 
+:class:`PeerAccounts` counts each batch once it is in replay (the update loop's side: env steps,
+episodes, policy lag, each actor's reported counters); what the intake keeps as messages arrive
+(sequences, proxies' reports, refusals: :mod:`~zmqrl.roles.intake`) joins it in the summary.
 Every table is a :class:`~zmqrl.wire.PeerTable` bounded by ``net.max_peers``: a peer beyond
 it is refused (its batches dropped and counted), so memory stays flat under a flood of new
 sender names, and the actors already known keep their counters.
@@ -14,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.wire import Message, PeerTable, SequenceTracker
+from zmqrl.wire import Message, PeerTable
 
 LAG_CAP = 100_000  # policy lags above this are counted as this (a sender picks its version freely)
 ACTOR_STATS = ("env_steps", "episodes", "blocked_s", "paused_s", "model_updates", "env_steps_per_s")
@@ -117,8 +121,6 @@ class ActorAccount:
 
     batches: int = 0
     transitions: int = 0
-    lost: int = 0
-    dropped_old: int = 0
     incarnations: int = 0
     lag_sum: int = 0
     incarnation: str = ""
@@ -133,33 +135,17 @@ class ActorAccount:
     env_steps_per_s: float = 0.0
     explore: float = 0.0
     host: str = ""  # the machine it runs on, as it reports it
-    refused_model: str = ""  # why it refused the learner's model (config mismatch), if it did
 
 
 class PeerAccounts:
-    """Sequence checks, per-actor and per-proxy counters, and policy lag."""
+    """Per-actor counters of the batches in replay, and policy lag."""
 
     def __init__(self, max_peers: int, idle_s: float = 600.0, step_slack: int = STEP_SLACK) -> None:
         self.step_slack = step_slack
-        self.sequences = SequenceTracker(max_peers, idle_s)
         self.actors: PeerTable[ActorAccount] = PeerTable(ActorAccount, max_peers, idle_s)
-        self.proxies: PeerTable[dict[str, Any]] = PeerTable(dict, max_peers, idle_s)
         self.lags: collections.deque[int] = collections.deque(maxlen=10_000)
         self.lag_counts: collections.Counter[int] = collections.Counter()
         self.other_line_batches = 0
-        self.mismatches = 0  # peers that refused the learner's model as not fitting their config
-
-    def in_sequence(self, msg: Message) -> bool:
-        """Sequence check per sender incarnation: counts lost batches; False for a repeat, an
-        older one, or a sender refused for lack of room."""
-        accept, lost = self.sequences.observe(msg.sender, msg.incarnation, msg.seq)
-        actor = self.actors.admit(msg.sender) if accept or msg.sender in self.actors else None
-        if actor is None:
-            return False
-        actor.lost += lost
-        if not accept:
-            actor.dropped_old += 1
-        return accept
 
     def account(self, msg: Message, n: int, version: int, incarnation: str) -> tuple[int, list[float], list[int]]:
         """Counters of a batch now in replay (its meta checked by :func:`meta_problem`); returns the env
@@ -211,25 +197,6 @@ class PeerAccounts:
             actor.host = host[:255]
         return new_steps, *episodes(meta)
 
-    def proxy_stats(self, msg: Message) -> None:
-        """Keep a proxy's report, reduced to plain, bounded values (:func:`plain`)."""
-        table = self.proxies.admit(msg.sender)
-        if table is not None:
-            table.clear()
-            table.update(plain(msg.meta))
-            table["incarnation"] = msg.incarnation
-
-    def mismatch(self, msg: Message) -> str | None:
-        """A peer's report that the learner's model does not fit its config; the reason, if it is one."""
-        reason = msg.meta.get("refused_model")
-        if not isinstance(reason, str):
-            return None
-        self.mismatches += 1
-        actor = self.actors.admit(msg.sender)
-        if actor is not None:
-            actor.refused_model = reason[:1000]
-        return reason
-
     # --- reports ------------------------------------------------------------------------------
     def lag_stats(self) -> dict[str, float]:
         if not self.lags:
@@ -238,43 +205,39 @@ class PeerAccounts:
         return {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
                 "p90": float(np.percentile(lags, 90)), "max": int(lags.max())}
 
-    def perf(self) -> dict[str, float]:
+    def perf(self, intake: dict[str, Any]) -> dict[str, float]:
+        """Records of the actors and proxies (``intake``: the intake's summary, for what it counts)."""
         values = {f"perf/policy_lag_{k}": v for k, v in self.lag_stats().items()}
+        lost = intake.get("lost_by_sender", {})
         for name, actor in self.actors.items():
             if actor.batches:
                 values[f"actors/{name}/env_steps_per_s"] = actor.env_steps_per_s
-            values[f"actors/{name}/lost"] = float(actor.lost)
-        for name, proxy in self.proxies.items():
+            values[f"actors/{name}/lost"] = float(lost.get(name, 0))
+        for name, proxy in intake.get("proxies", {}).items():
             values[f"proxies/{name}/forwarded"] = number(proxy, "forwarded")
             values[f"proxies/{name}/bytes_per_s"] = number(proxy, "bytes_per_s")
         return values
 
-    def actors_summary(self) -> dict[str, dict[str, Any]]:
+    def actors_summary(self, intake: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        lost, dropped = intake.get("lost_by_sender", {}), intake.get("dropped_by_sender", {})
+        refused = intake.get("refused_models", {})
         out = {}
         for name, a in self.actors.items():
             entry = dict(vars(a))  # its fields are plain values: asdict's deep copy cost 5 ms per summary at 256 actors
             del entry["steps"]
             # an incarnation id lets whoever knows it speak for the actor (without CURVE): shown in part
             entry["incarnation"] = a.incarnation[:8]
+            entry["lost"], entry["dropped_old"] = lost.get(name, 0), dropped.get(name, 0)
+            entry["refused_model"] = refused.get(name, "")
             entry["lag_mean"] = a.lag_sum / max(a.batches, 1)
             entry["last_seen"] = time.time() - (self.actors.last_seen_s(name) or 0.0)
             out[name] = entry
         return out
 
-    def proxies_summary(self) -> dict[str, dict[str, Any]]:
-        return {name: {**p, "last_seen": time.time() - (self.proxies.last_seen_s(name) or 0.0)}
-                for name, p in self.proxies.items()}
-
-    def summary(self) -> dict[str, Any]:
-        actors = [a for _, a in self.actors.items()]
+    def summary(self, intake: dict[str, Any]) -> dict[str, Any]:
         return {
             "policy_lag": {**self.lag_stats(), "histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
                            "other_line_batches": self.other_line_batches},
-            "batches_lost": sum(a.lost for a in actors),
-            "batches_dropped_old": sum(a.dropped_old for a in actors),
-            "peers_refused": self.sequences.refused + self.proxies.refused,
-            "refused_names": sorted(self.sequences.refused_names | self.proxies.refused_names)[:8],
-            "config_mismatches": self.mismatches,
-            "actors": self.actors_summary(),
-            "proxies": self.proxies_summary(),
+            "actors": self.actors_summary(intake),
+            "proxies": intake.get("proxies", {}),
         }

@@ -1,7 +1,7 @@
 """Proxy: PULL batches from a host's actors, validate and count them, forward them to the learner.
 
-Recipe: bind a PULL socket for actors, connect a PUSH socket to the learner (and a SUB to its
-model stream, to hear when the run is over), then loop: receive what has arrived, check each
+Recipe: bind a PULL socket for actors, connect a PUSH socket to the learner (and subscribe to
+its control, to hear when the run is over), then loop: receive what has arrived, check each
 message's header and frame lengths (no arrays are built), count it per actor, forward it, and
 hold ``net.proxy_hold_ms`` before reading again. The batches of one burst that share an array
 layout go to the learner joined, up to ``net.proxy_merge`` in one BUNDLE message (their bytes
@@ -25,26 +25,24 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.roles.fit import learner_done
-from zmqrl.roles.net import auth_counts, limits, options, send_blocking
+from zmqrl.roles.net import PROXY_QUEUE, auth_counts, limits, options, send_blocking
 from zmqrl.roles.skeleton import RoleProcess, serve
+from zmqrl.roles.stream import LearnerStream
 from zmqrl.run.lifecycle import Every, StopFlag
 from zmqrl.wire import (
     BATCH,
     BUNDLE_META_DEPTH,
     DEFAULT_COPY_THRESHOLD,
     HELLO,
-    MODEL,
     BoundedReader,
     KeyBinding,
     Message,
     PeerTable,
     SequenceTracker,
     SocketOptions,
-    VersionTracker,
     WireError,
     batch_layout,
     bound_address,
-    drain_latest_model,
     encode_bundle,
     encode_stats,
     meta_depth_ok,
@@ -56,7 +54,6 @@ from zmqrl.wire import (
 log = logging.getLogger("zmqrl")
 
 
-PROXY_QUEUE = 64  # batches (or bundles) queued towards the learner before the proxy stops reading
 REPORTED_ACTORS = 64  # per-actor counters in a stats report: the most recently active (the rest as a count)
 JOIN_BELOW = DEFAULT_COPY_THRESHOLD  # batches this large go as they came: joining copies, and saves them little
 BUNDLE_BYTES = 1 << 20  # at most this many bytes of batches in one bundle
@@ -134,10 +131,7 @@ class Proxy(RoleProcess):
                                 bind=bind_addr, link="from actors on {address}")
         self.bind_addr = bound_address(self.pull)
         self.hold = _Hold(cfg.net.proxy_hold_ms / 1000.0, int(self.pull.getsockopt(zmq.RCVHWM)))
-        self.model_limits = limits(cfg.net, MODEL)
-        self.sub = None if model_addr is None else self.socket(
-            zmq.SUB, options(cfg.net, SocketOptions.sub(self.model_limits)), connect=model_addr)
-        self.versions = VersionTracker()
+        self.stream = None if model_addr is None else LearnerStream(self, cfg.net, model_addr, models=False)
         self.finished = ""  # the learner's stop reason once it said the run is over
         self.sequences = SequenceTracker(cfg.net.max_peers, cfg.net.peer_idle_s)
         self.per_actor: PeerTable[collections.Counter[str]] = PeerTable(collections.Counter, cfg.net.max_peers,
@@ -178,7 +172,7 @@ class Proxy(RoleProcess):
             self.push, frames, _Either(stop, self),
             on_block=lambda: self.ratelog.warn("blocked", f"{self.name}: learner {self.learner_addr} is not "
                                                           "taking batches; holding actors back"),
-            while_blocked=self._watch_models)
+            while_blocked=self._watch_control)
         self.blocked_s += blocked_s
         return sent is not None
 
@@ -269,15 +263,15 @@ class Proxy(RoleProcess):
             pass  # the learner is away; the next report supersedes this one
 
     def _control(self, msg: Message) -> None:
-        """``done`` in a model's meta from the current learner: the run is over."""
-        done = learner_done(msg, self.versions)
+        """``done`` in the learner's control: the run is over."""
+        done = learner_done(msg)
         if done and not self.finished:
             self.finished = done
             log.info("%s: the learner finished (%s); forwarding what is left, then stopping", self.name, done)
 
-    def _watch_models(self) -> None:
-        if self.sub is not None:
-            drain_latest_model(self.sub, self.versions, self.model_limits, observe=self._control)
+    def _watch_control(self) -> None:
+        if self.stream is not None:
+            self.stream.take_control(self._control)
 
     def run(self, stop: StopFlag) -> None:
         """Forward until stopped or the learner says it finished. After each burst it reads, the proxy
@@ -291,7 +285,7 @@ class Proxy(RoleProcess):
         report, watch = Every(self.cfg.net.stats_interval_s), Every(0.1)
         while not stop.set and not self.finished:
             if watch():
-                self._watch_models()
+                self._watch_control()
             if self.pull.poll(100, zmq.POLLIN):
                 woke = time.monotonic()
                 self.bursts += 1

@@ -3,9 +3,10 @@
 ``trainer.max_samples_per_insert`` makes the learner wait for data when it has sampled each
 transition that often on average (it would overfit a small replay); ``trainer.min_samples_per_insert``
 asks actors to pause when data comes in faster than the learner uses it (on a shared CPU the
-learner then gets the cores). While the learner trains with that bound on, each model it
-publishes also grants every actor an allowance (:meth:`SamplesPerInsert.allowance`): a pause
-reaches actors only once the learner's loop comes round to send it, and one slow iteration (two
+learner then gets the cores). While the learner trains with that bound on, each control message
+it sends with a new model version (and while it waits for data) also grants every actor an
+allowance (:meth:`SamplesPerInsert.allowance`): a pause reaches actors only once the learner's
+loop comes round to ask for it, and one slow iteration (two
 busy actors and the learner's threads on two cores can stretch one update to a third of a
 second) would otherwise let them fill replay with thousands of transitions from an early policy,
 which the learner then spends thousands of updates on. Its counters are part of the learner's checkpoint, so a resumed
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +58,7 @@ class SamplesPerInsert:
         return True
 
     def allowance(self) -> int | None:
-        """Transitions each actor may make per model it receives while the learner trains, or None
+        """Transitions each actor may make per grant it receives while the learner trains, or None
         (no bound: the limiter is off, or replay is still warming up and needs all the data actors give).
 
         Twice what the learner uses between two publications at ``min_samples_per_insert``
@@ -89,7 +91,8 @@ class _Account:
 class Allowances:
     """The allowance enforced where the data arrives: each sender inserts only what the learner granted it.
 
-    While the learner trains with ``min_samples_per_insert``, every model it encodes is a grant
+    While the learner trains with ``min_samples_per_insert``, every control message it makes with a
+    new model version, or while it waits for data, is a grant
     of :meth:`SamplesPerInsert.allowance` transitions, numbered. An actor applies each grant it
     receives once, none while paused (:class:`~zmqrl.roles.fit.Allowance`), and every batch lists
     the last grants it applied. Batches from one sender arrive in the order they were made, so the
@@ -103,6 +106,9 @@ class Allowances:
     :data:`MIN_SHARE`) and wins it back grant by grant once it stops: one that ignores pauses can
     insert a sliver, not push the samples-per-insert ratio down and keep everyone else paused.
     With no allowance in force (warm-up, the limiter off) every batch is taken.
+
+    Grants are made where control is sent (the learner's publisher) and taken where batches
+    arrive (its intake), two threads: each call holds the table's lock.
     """
 
     MIN_SHARE = 1 / 64
@@ -119,10 +125,15 @@ class Allowances:
         self._paused_set: set[int] = set()
         self.refused_batches = 0
         self.refused_transitions = 0
+        self._lock = threading.Lock()
 
     def grant(self, amount: int | None, paused: bool = False) -> int | None:
-        """A model is being encoded with ``amount`` as its allowance (None: none in force); the grant's
-        number, to go into its meta (None without an allowance)."""
+        """A control message is being encoded with ``amount`` as its allowance (None: none in force); the
+        grant's number, to go into its meta (None without an allowance)."""
+        with self._lock:
+            return self._grant(amount, paused)
+
+    def _grant(self, amount: int | None, paused: bool) -> int | None:
         self.amount = amount
         if amount is None:
             return None
@@ -137,6 +148,10 @@ class Allowances:
     def take(self, sender: str, n: int, stamped: Any = None) -> bool:
         """Whether ``sender`` may insert a batch of ``n`` transitions that lists the grants ``stamped``
         (its meta's ``grants``) as applied since its previous batch; counted against it if so."""
+        with self._lock:
+            return self._take(sender, n, stamped)
+
+    def _take(self, sender: str, n: int, stamped: Any) -> bool:
         amount = self.amount
         if amount is None:
             return True

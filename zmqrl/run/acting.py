@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +68,12 @@ class Task:
 
     def value_limits(self) -> dict[str, tuple[float, float]]:
         return self.algo.value_limits(self.cfg, self.obs_space, self.action_space)
+
+    def batch_problem(self, arrays: Mapping[str, np.ndarray]) -> str | None:
+        return self.algo.batch_problem(self.cfg, arrays)
+
+    def new_frames_per_item(self) -> int:
+        return self.algo.new_frames_per_item(self.cfg)
 
 
 def make_task(cfg: Config) -> Task:

@@ -17,6 +17,8 @@ import zmq
 
 from .protocol import (
     ALLOWED_DTYPES,
+    CONTROL,
+    CONTROL_TOPIC,
     DEFAULT_LIMITS,
     EVAL,
     HELLO,
@@ -27,11 +29,15 @@ from .protocol import (
     MAX_NDIM,
     MAX_SENDER_CHARS,
     MODEL,
+    MODEL_TOPIC,
     NO_VERSION,
+    PACK_MAGIC,
+    PACKED_MAGICS,
     PROTOCOL_NAME,
     PROTOCOL_VERSION,
     STATS,
     SUPPORTED_VERSIONS,
+    TOPIC_KINDS,
     Limits,
     Message,
     WireError,
@@ -39,7 +45,6 @@ from .protocol import (
 
 Frame = bytes | bytearray | memoryview | zmq.Frame
 Spec = tuple[str, np.dtype, tuple[int, ...], int]  # name, dtype, shape, nbytes
-PACK_MAGIC = b"ZQP1"  # first bytes of a packed single-frame message (a JSON header starts with "{")
 PACK_ALIGN = 8
 _ZEROS = bytes(PACK_ALIGN)
 HEADER_FIELDS = frozenset({"p", "v", "kind", "sender", "inc", "seq", "ver", "arrays", "meta"})
@@ -264,19 +269,20 @@ def _unpack(view: memoryview, limits: Limits) -> tuple[dict[str, Any], list[memo
     return header, views, specs
 
 
-def pack(frames: Sequence[bytes | memoryview]) -> bytes:
+def pack(frames: Sequence[bytes | memoryview], magic: bytes = PACK_MAGIC) -> bytes:
     """``[header, buffer...]`` as one frame: magic, header length, header, arrays at 8-byte offsets.
 
-    Used for models: a single frame lets subscribers set ``ZMQ_CONFLATE`` (keep only the newest
-    message), which ZeroMQ offers for single-frame messages only.
+    Used for the learner's stream (``magic`` its topic: a single frame lets subscribers set
+    ``ZMQ_CONFLATE``, keep only the newest message, which ZeroMQ offers for single-frame messages
+    only) and small batches.
     """
-    return packed_frame(bytes(frames[0]), [[buf] for buf in frames[1:]])
+    return packed_frame(bytes(frames[0]), [[buf] for buf in frames[1:]], magic)
 
 
-def packed_frame(header: bytes, arrays: Sequence[Sequence[bytes | memoryview]]) -> bytes:
+def packed_frame(header: bytes, arrays: Sequence[Sequence[bytes | memoryview]], magic: bytes = PACK_MAGIC) -> bytes:
     """The packed frame of ``header`` and arrays, each array's bytes given as pieces laid end to end."""
-    out: list[bytes | memoryview] = [PACK_MAGIC, len(header).to_bytes(4, "little"), header]
-    size = len(PACK_MAGIC) + 4 + len(header)
+    out: list[bytes | memoryview] = [magic, len(header).to_bytes(4, "little"), header]
+    size = len(magic) + 4 + len(header)
     for pieces in (*arrays, ()):  # (the empty last one pads the frame's end)
         pad = _aligned(size) - size
         if pad:
@@ -291,8 +297,13 @@ def packed_frame(header: bytes, arrays: Sequence[Sequence[bytes | memoryview]]) 
 def _validate(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], list[memoryview], Sequence[Spec]]:
     """Validate frame count, header and frame lengths (or a packed single frame)."""
     views = _frame_views(frames, limits)
-    if len(views) == 1 and views[0][:len(PACK_MAGIC)] == PACK_MAGIC:
-        return _unpack(views[0], limits)
+    magic = views[0][:len(PACK_MAGIC)]
+    if len(views) == 1 and magic in PACKED_MAGICS:
+        header, arrays, specs = _unpack(views[0], limits)
+        kind = TOPIC_KINDS.get(bytes(magic))
+        if kind is not None and header["kind"] != kind:
+            raise WireError("kind", f"a {header['kind']!r} message on the {kind} topic")
+        return header, arrays, specs
     header, specs = _parse_header(views[0], limits)
     if len(views) != 1 + len(specs):
         raise WireError("frames", f"{len(views)} frames for {len(specs)} arrays (expected {1 + len(specs)})")
@@ -410,9 +421,17 @@ def encode_model(
     sender: str, incarnation: str, version: int, params: Mapping[str, np.ndarray],
     meta: Mapping[str, Any] | None = None,
 ) -> list[bytes | memoryview]:
-    """A MODEL message, packed into one frame; ``seq`` equals ``version`` (which must be >= 0)."""
+    """A MODEL message, packed into one frame on the model topic; ``seq`` equals ``version`` (>= 0)."""
     return [pack(encode(MODEL, sender=sender, incarnation=incarnation, seq=version, version=version, arrays=params,
-                        meta=meta))]
+                        meta=meta), MODEL_TOPIC)]
+
+
+def encode_control(sender: str, incarnation: str, seq: int, version: int,
+                   meta: Mapping[str, Any]) -> list[bytes | memoryview]:
+    """A CONTROL message (no arrays), packed into one frame on the control topic: the learner's
+    requests to every role in ``meta``, ``version`` its newest model's, ``seq`` counting its controls."""
+    return [pack(encode(CONTROL, sender=sender, incarnation=incarnation, seq=seq, version=version, meta=meta),
+                 CONTROL_TOPIC)]
 
 
 def encode_stats(sender: str, incarnation: str, seq: int, stats: Mapping[str, Any]) -> list[bytes | memoryview]:

@@ -11,6 +11,12 @@ A message is a ZeroMQ multipart message ``[header, buffer0, buffer1, ...]``:
 * each following frame holds the raw C-contiguous bytes of one array, in the
   order of ``arrays``.
 
+A message may also travel as one packed frame (magic, header length, header, arrays at 8-byte
+offsets): small batches, and everything on the learner's stream, whose two topics are the
+packed frame's first bytes: :data:`MODEL_TOPIC` (versioned parameters, sent with each new
+version, to new subscribers and every ``net.republish_s``) and :data:`CONTROL_TOPIC` (a few
+hundred bytes: the rate limiter's pause, allowance and grant, the start-up quota, ``done``).
+
 A BUNDLE is a proxy's join of several actors' BATCH messages of one array layout: each array
 is theirs end to end, and ``meta`` is ``{"parts": [[sender, inc, seq, ver, n, meta], ...]}``,
 one entry per batch in order (its header's fields and its ``n`` rows), which the learner splits
@@ -32,7 +38,7 @@ from typing import Any
 import numpy as np
 
 PROTOCOL_NAME = "zmqrl"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: control apart from models, topics on the learner's stream
 SUPPORTED_VERSIONS: frozenset[int] = frozenset({PROTOCOL_VERSION})
 
 # Message kinds.
@@ -42,7 +48,20 @@ STATS = "stats"  # any role: counters in meta, no arrays
 EVAL = "eval"  # evaluator report: meta {"version", "returns", "lengths"}
 HELLO = "hello"  # a peer announcing itself (role info in meta), no arrays
 BUNDLE = "bundle"  # proxy -> learner: several actors' batches joined; meta["parts"] says whose rows are whose
-KINDS: frozenset[str] = frozenset({BATCH, MODEL, STATS, EVAL, HELLO, BUNDLE})
+CONTROL = "control"  # learner -> every role: pause, allowance, grant, quota, done (meta), no arrays
+KINDS: frozenset[str] = frozenset({BATCH, MODEL, STATS, EVAL, HELLO, BUNDLE, CONTROL})
+
+# The learner's stream (its XPUB) carries two topics, each message one packed frame whose first bytes
+# are its topic: a subscriber takes models, control or both, and each can be conflated on its own.
+PACK_MAGIC = b"ZQP1"  # first bytes of a packed single-frame message (a JSON header starts with "{")
+MODEL_TOPIC = b"ZQMD"  # a packed MODEL on the learner's stream
+CONTROL_TOPIC = b"zqct"  # a packed CONTROL on the learner's stream
+# What a model subscriber subscribes to: this version's models and packed frames of any other (the
+# first version's models were plain packed frames), whose header then names their protocol version;
+# never control. The topics stay the same from version to version for that reason.
+MODEL_SUBSCRIPTION = b"ZQ"
+TOPIC_KINDS = {MODEL_TOPIC: MODEL, CONTROL_TOPIC: CONTROL}  # what a topic's messages must be
+PACKED_MAGICS = (PACK_MAGIC, MODEL_TOPIC, CONTROL_TOPIC)
 
 # Allowed array dtypes, as ``numpy.dtype.str`` (little-endian or byte-order free).
 ALLOWED_DTYPES: frozenset[str] = frozenset(

@@ -35,9 +35,12 @@ import zmq
 from .codec import Frame, decode
 from .monitor import watch_from_start
 from .protocol import (
+    CONTROL,
+    CONTROL_TOPIC,
     DEFAULT_COPY_THRESHOLD,
     DEFAULT_LIMITS,
     MODEL,
+    MODEL_SUBSCRIPTION,
     Limits,
     Message,
     WireError,
@@ -104,12 +107,26 @@ class SocketOptions:
 
     @classmethod
     def sub(cls, limits: Limits = DEFAULT_LIMITS, **overrides: Any) -> SocketOptions:
-        """Model subscriber: CONFLATE (only the newest packed model is kept), MAXMSGSIZE from ``limits``.
+        """Subscriber to one topic of the learner's stream: CONFLATE (only the newest packed message is
+        kept), MAXMSGSIZE from ``limits``; every topic unless ``subscribe`` is given.
 
         With CONFLATE the receive queue never fills, so a subscriber busy for a long time (an
         evaluator mid-episode, an actor blocked on send) never stalls its connection.
         """
         return replace(cls(rcvhwm=4, conflate=True, maxmsgsize=cls.receive_limit(limits)), **overrides)
+
+    @classmethod
+    def models(cls, limits: Limits = DEFAULT_LIMITS, **overrides: Any) -> SocketOptions:
+        """Model subscriber (conflated), to :data:`~zmqrl.wire.protocol.MODEL_SUBSCRIPTION`: models of
+        this protocol version and packed frames of others, so a learner of another version is named as
+        one. One subscription per conflated socket: libzmq conflates the subscriptions it sends upstream
+        too, so only the last of several would reach the publisher."""
+        return cls.sub(limits, **{"subscribe": (MODEL_SUBSCRIPTION,), **overrides})
+
+    @classmethod
+    def control(cls, limits: Limits = DEFAULT_LIMITS, **overrides: Any) -> SocketOptions:
+        """Control subscriber (conflated: each control message says the whole state)."""
+        return cls.sub(limits, **{"subscribe": (CONTROL_TOPIC,), **overrides})
 
 
 def _socket_name(kind: int) -> str:
@@ -372,3 +389,35 @@ def drain_latest_model(
         if tracker.offer(msg.incarnation, msg.version):
             latest = msg
     return latest, bad
+
+
+def drain_control(
+    sock: zmq.Socket,
+    limits: Limits = DEFAULT_LIMITS,
+    *,
+    max_messages: int = 1000,
+    on_error: Callable[[WireError], None] | None = None,
+) -> tuple[list[Message], int]:
+    """Read every queued CONTROL message without blocking (with CONFLATE: the newest one); returns
+    them in arrival order and how many messages were bad (undecodable or not CONTROL)."""
+    out: list[Message] = []
+    bad = 0
+    if not sock.poll(0, zmq.POLLIN):
+        return out, 0
+    for _ in range(max_messages):
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            break
+        try:
+            msg = decode(frames, limits)
+        except WireError as exc:
+            bad += 1
+            if on_error is not None:
+                on_error(exc)
+            continue
+        if msg.kind != CONTROL:
+            bad += 1
+            continue
+        out.append(msg)
+    return out, bad
