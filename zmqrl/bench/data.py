@@ -33,7 +33,7 @@ def transition_pool(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]
     them (:data:`TRANSITION_KEYS`, contiguous arrays)."""
     from zmqrl.envs.factory import make_vector_env
     from zmqrl.envs.stepper import VectorStepper
-    from zmqrl.replay import NStepBuilder
+    from zmqrl.run.adders import NStepBuilder
 
     stepper = VectorStepper(make_vector_env(cfg.env, cfg.env.num_envs, seed), seed)
     nstep = NStepBuilder(cfg.env.num_envs, cfg.agent.n_step, cfg.agent.gamma)
