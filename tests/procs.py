@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from zmqrl.bench.procfs import alive as pid_alive  # noqa: F401  (re-exported for the tests)
-from zmqrl.bench.procfs import cmdline, kill_pids, pids_with_arg  # noqa: F401
-from zmqrl.run.rundir import read_json  # noqa: F401  (re-exported for the tests)
+from zmqrl.bench.procfs import kill_pids, pids_with_arg
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
@@ -31,10 +29,10 @@ def role_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def zmqrl_argv(role: str, *args: str, overrides: Iterable[str] = ()) -> list[str]:
-    """``python -m zmqrl.cli ROLE configs/cartpole_dqn.yaml ARGS --set K=V ...``."""
+def zmqrl_argv(role: str, *args: str, overrides: Iterable[str] = (), config: str | Path = CONFIG) -> list[str]:
+    """``python -m zmqrl.cli ROLE CONFIG ARGS --set K=V ...`` (CONFIG: the shipped CartPole config unless given)."""
     sets = [a for o in overrides for a in ("--set", o)]
-    return [sys.executable, "-m", "zmqrl.cli", role, str(CONFIG), *args, *sets]
+    return [sys.executable, "-m", "zmqrl.cli", role, str(config), *args, *sets]
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, diag: Callable[[], str] | None = None,

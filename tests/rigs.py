@@ -1,5 +1,5 @@
 """Rigs the tests in several folders share: an actor against a real sink and model publisher, a learner
-in this process with CartPole batches to feed it, and a target network made to differ from its online one."""
+in this process to feed CartPole batches (:mod:`batches`), and a target network made to differ from its online one."""
 
 from __future__ import annotations
 
@@ -17,26 +17,11 @@ from zmqrl.roles.actor import Actor
 from zmqrl.roles.addresses import free_port
 from zmqrl.roles.learner import Learner
 from zmqrl.run.lifecycle import StopFlag
-from zmqrl.wire import BATCH, Message, SocketOptions, decode, encode, encode_control, encode_model, make_socket
+from zmqrl.wire import BATCH, Message, SocketOptions, decode, encode_control, encode_model, make_socket
 
 
 def tcp(port: int | None = None) -> str:
     return f"tcp://127.0.0.1:{port or free_port()}"
-
-
-def cartpole_batch(n: int, seed: int, priority: float | None = 0.5) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    batch = {"obs": rng.standard_normal((n, 4)).astype(np.float32), "action": rng.integers(0, 2, n),
-             "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
-             "discount": np.full(n, 0.97, np.float32)}
-    if priority is not None:
-        batch["priority"] = np.full(n, priority, np.float32)
-    return batch
-
-
-def frames(sender: str, seq: int, arrays: dict[str, np.ndarray], inc: str = "inc-1") -> list[Any]:
-    return encode(BATCH, sender=sender, incarnation=inc, seq=seq, version=0, arrays=arrays,
-                  meta={"stats": {"env_steps": 64 * (seq + 1)}})
 
 
 def ingest_until(learner: Learner, cond: Any, timeout: float = 20.0) -> None:

@@ -495,8 +495,7 @@ def first_solved(summary: dict) -> dict | None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_train_solves_cartpole(tmp_path: Path, procs: Procs, seed: int) -> None:
     run_dir = tmp_path / "run"
-    argv = zmqrl_argv("train", "--run-dir", str(run_dir), overrides=[f"run.seed={seed}"])
-    argv[4] = str(CARTPOLE_IQN)  # the config argument
+    argv = zmqrl_argv("train", "--run-dir", str(run_dir), overrides=[f"run.seed={seed}"], config=CARTPOLE_IQN)
     started = time.monotonic()
     train = procs.start("train", argv)
     rc = train.wait(560)
@@ -515,8 +514,8 @@ def test_train_solves_cartpole(tmp_path: Path, procs: Procs, seed: int) -> None:
 def test_local_solves_cartpole(tmp_path: Path, procs: Procs) -> None:
     run_dir = tmp_path / "run"
     procs.sweep_args.append(str(run_dir))
-    argv = zmqrl_argv("local", "--actors", "2", "--run-dir", str(run_dir), overrides=["run.seed=0"])
-    argv[4] = str(CARTPOLE_IQN)
+    argv = zmqrl_argv("local", "--actors", "2", "--run-dir", str(run_dir), overrides=["run.seed=0"],
+                      config=CARTPOLE_IQN)
     started = time.monotonic()
     local = procs.start("local", argv)
     rc = local.wait(560)

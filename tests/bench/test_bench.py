@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from zmqrl import bench
 from zmqrl.bench import harness, learner, registry, solve
+from zmqrl.bench.data import transition_pool
 from zmqrl.config.algorithms import ALGORITHMS
 from zmqrl.roles.addresses import free_port
 from zmqrl.run.rundir import read_json
@@ -266,7 +267,7 @@ def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tm
     control says ``pause``, batches once it is cleared, exactly a grant's ``allow`` when no other
     grant follows, and its paused time reported."""
     cfg = harness.load_config(CARTPOLE)
-    pool = harness.transition_pool(cfg, 512)
+    pool = transition_pool(cfg, 512)
     pool["priority"] = np.ones(512, np.float32)
     pool_path = harness.save_arrays(tmp_path / "pool.npz", pool)
     data_addr, model_addr = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))

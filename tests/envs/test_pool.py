@@ -13,7 +13,7 @@ from zmqrl.envs import atari, pool
 from zmqrl.envs.evaluator import GreedyEvaluator
 from zmqrl.envs.factory import make_env, make_stepper
 from zmqrl.envs.stepper import VectorStepper
-from zmqrl.replay import NStepBuilder
+from zmqrl.run.adders import NStepBuilder
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from zmqrl.config import load as load_config
-from zmqrl.replay import FramePool, NStepBuilder, UniformReplay, make_replay
+from zmqrl.replay import FramePool, UniformReplay, make_replay
+from zmqrl.run.adders import NStepBuilder
 from zmqrl.run.startup import make_replay_from
 
 STACK, SIDE, ENVS, N_STEP = 4, 12, 3, 3

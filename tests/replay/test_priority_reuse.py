@@ -19,9 +19,8 @@ from zmqrl import config
 from zmqrl.agents.base import constant
 from zmqrl.config import Config
 from zmqrl.core import ReusesActingValues
-from zmqrl.replay import NStepBuilder
-from zmqrl.replay.nstep import ENV, FIRST_VALUES
 from zmqrl.run.acting import ActingLoop, make_task
+from zmqrl.run.adders import ENV_ID, FIRST_VALUES, NStepBuilder
 
 KEYS = ("obs", "action", "reward", "next_obs", "discount")
 EXPLORE = constant("epsilon", 0.3)
@@ -193,7 +192,7 @@ def test_the_builder_gives_each_transition_the_values_of_its_first_step() -> Non
         seen += len(out["reward"])
         expected = np.stack([out["obs"].sum(axis=1), -out["obs"][:, 0]], axis=1) * 10
         np.testing.assert_array_equal(out[FIRST_VALUES], expected)
-        assert out[ENV].dtype == np.int64 and ((out[ENV] >= 0) & (out[ENV] < num_envs)).all()
+        assert out[ENV_ID].dtype == np.int64 and ((out[ENV_ID] >= 0) & (out[ENV_ID] < num_envs)).all()
     assert seen > 100
     with pytest.raises(ValueError, match="values"):
         builder.push(obs, np.zeros(num_envs, np.int64), np.zeros(num_envs), obs, np.zeros(num_envs, bool),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zmqrl.replay import NStepBuilder, PrioritizedReplay, SumTree, UniformReplay, make_replay
+from zmqrl.replay import PrioritizedReplay, SumTree, UniformReplay, make_replay
 
 
 def make_batch(start: int, n: int) -> dict[str, np.ndarray]:
@@ -332,7 +332,6 @@ def test_make_replay_and_exports() -> None:
     assert isinstance(per, PrioritizedReplay)
     assert (per.alpha, per.beta0, per.beta_steps, per.eps) == (0.5, 0.2, 7, 0.1)
     assert per.nbytes == per.tree.nbytes
-    assert NStepBuilder(1, 1, 0.9).n == 1
 
 
 def test_sumtree_min_positive_matches_brute_force_and_survives_rebuild() -> None:

@@ -25,7 +25,7 @@ def pong(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     """Real n-step transitions of ALE Pong (random actions, two envs, stacks of 4 84x84 frames), with
     every 7th transition's newest frames replaced by noise that does not compress."""
     pytest.importorskip("ale_py")
-    from zmqrl.bench.harness import transition_pool
+    from zmqrl.bench.data import transition_pool
 
     path = tmp_path_factory.mktemp("pong") / "pong.yaml"
     path.write_text(PONG_YAML.format(capacity=100, prioritized="false", compress="none"))

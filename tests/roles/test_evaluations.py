@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import zmq
 
+from batches import batch_frames, cartpole_batch
 from procs import wait_for
-from rigs import cartpole_batch, frames, in_process_learner
+from rigs import in_process_learner
 from zmqrl.roles.evaluator import Evaluator
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
@@ -60,7 +61,7 @@ def test_a_late_evaluation_is_recorded_at_the_step_of_the_model_it_evaluated(
     pub.setsockopt(zmq.LINGER, 0)
     try:
         for seq in range(4):
-            data.send_multipart(frames("actor-0", seq, cartpole_batch(64, seed=seq)))
+            data.send_multipart(batch_frames("actor-0", seq, cartpole_batch(64, seed=seq)))
         early: list[Any] = []
 
         def a_model_past_step_100() -> bool:

@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 import zmq
 
+from batches import batch_frames, cartpole_batch
 from procs import Procs, role_env, wait_for, zmqrl_argv
-from rigs import cartpole_batch, frames, in_process_learner, ingest_until, tcp
+from rigs import in_process_learner, ingest_until, tcp
 from zmqrl.agents.base import apex_epsilon
 from zmqrl.config import ConfigError
 from zmqrl.roles.addresses import free_port
@@ -44,12 +45,12 @@ def test_a_junk_first_batch_cannot_fix_what_replay_stores(tmp_path: Path, cartpo
     push.setsockopt(zmq.LINGER, 0)
     push.connect(learner.endpoints["data"])
     try:
-        push.send_multipart(frames("rogue", 0, {"junk": np.zeros((1000, 1), np.float32)}))
+        push.send_multipart(batch_frames("rogue", 0, {"junk": np.zeros((1000, 1), np.float32)}))
         wide = cartpole_batch(64, 1)
         wide["obs"] = np.zeros((64, 6), np.float32)  # Acrobot-sized observations
-        push.send_multipart(frames("rogue", 1, wide))
+        push.send_multipart(batch_frames("rogue", 1, wide))
         for seq in range(3):
-            push.send_multipart(frames("actor-0", seq, cartpole_batch(64, seq)))
+            push.send_multipart(batch_frames("actor-0", seq, cartpole_batch(64, seq)))
         ingest_until(learner, lambda: learner.batches == 3 and sum(learner.intake.receiver.rejected.values()) == 2)
         assert learner.intake.receiver.rejected["schema"] == 2
         assert len(learner.replay) == 3 * 64
@@ -72,9 +73,9 @@ def test_an_absurd_priority_is_clamped_and_counted_and_sampling_stays_proportion
     push.connect(learner.endpoints["data"])
     try:
         # float32 on the wire: 1e30 is finite and absurd (an inf one is refused with its batch)
-        push.send_multipart(frames("actor-0", 0, cartpole_batch(64, 0, priority=1e30)))
-        push.send_multipart(frames("actor-0", 1, cartpole_batch(64, 1, priority=1.0)))
-        push.send_multipart(frames("actor-0", 2, cartpole_batch(64, 2, priority=float("inf"))))
+        push.send_multipart(batch_frames("actor-0", 0, cartpole_batch(64, 0, priority=1e30)))
+        push.send_multipart(batch_frames("actor-0", 1, cartpole_batch(64, 1, priority=1.0)))
+        push.send_multipart(batch_frames("actor-0", 2, cartpole_batch(64, 2, priority=float("inf"))))
         ingest_until(learner, lambda: learner.batches == 2 and learner.intake.receiver.rejected["values"] == 1)
         replay = learner.replay
         assert replay.priorities_clamped == 64 and len(replay) == 128
@@ -99,19 +100,19 @@ def test_a_flood_of_new_sender_names_is_refused_and_memory_stays_flat(tmp_path: 
     push.connect(learner.endpoints["data"])
     tiny = cartpole_batch(1, 0)
     try:
-        push.send_multipart(frames("actor-0", 0, cartpole_batch(64, 0)))
+        push.send_multipart(batch_frames("actor-0", 0, cartpole_batch(64, 0)))
         ingest_until(learner, lambda: learner.batches == 1)
 
         def flood(start: int, count: int) -> None:
             for k in range(start, start + count):
-                push.send_multipart(frames(f"rogue-{k}", 0, tiny, inc=f"x{k}"))
+                push.send_multipart(batch_frames(f"rogue-{k}", 0, tiny, inc=f"x{k}"))
             ingest_until(learner, lambda: learner.intake.sequences.refused + 15 >= start + count, timeout=60)
 
         flood(0, 2000)
         rss_after_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         flood(2000, 20_000)
         rss_after_second = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        push.send_multipart(frames("actor-0", 1, cartpole_batch(64, 1)))
+        push.send_multipart(batch_frames("actor-0", 1, cartpole_batch(64, 1)))
         ingest_until(learner, lambda: (learner.peers.actors.get("actor-0") or object()).__dict__.get("batches") == 2)
         assert len(learner.peers.actors) <= 16 and len(learner.intake.sequences._senders) <= 16
         summary = learner.summary_extra()

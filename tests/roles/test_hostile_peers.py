@@ -22,6 +22,7 @@ import pytest
 import torch
 import zmq
 
+from batches import batch_frames, cartpole_batch
 from procs import Procs, wait_for
 from zmqrl import config
 from zmqrl.config import Config
@@ -57,19 +58,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 def tcp(port: int | None = None) -> str:
     return f"tcp://127.0.0.1:{port or free_port()}"
-
-
-def cartpole_batch(n: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"obs": rng.standard_normal((n, 4)).astype(np.float32), "action": rng.integers(0, 2, n),
-            "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
-            "discount": np.full(n, 0.97, np.float32)}
-
-
-def batch_frames(sender: str, seq: int, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None,
-                 inc: str = "inc-1") -> list[Any]:
-    return encode(BATCH, sender=sender, incarnation=inc, seq=seq, version=0, arrays=arrays,
-                  meta=meta if meta is not None else {"stats": {"env_steps": 64 * (seq + 1)}})
 
 
 def with_header(frames: list[Any], **changes: Any) -> list[Any]:

@@ -19,7 +19,8 @@ import pytest
 import zmq
 
 import zmqrl.roles.learner as learner_mod
-from rigs import cartpole_batch, frames, in_process_learner, ingest_until
+from batches import batch_frames, cartpole_batch
+from rigs import in_process_learner, ingest_until
 from zmqrl.agents.torch_util import flush_denormals
 from zmqrl.roles.learner import Learner
 from zmqrl.run.checkpoint import STATE_FILE
@@ -43,7 +44,7 @@ def fed_learner(cfg: Any, run_dir: Path, zctx: zmq.Context, batches: int = 8) ->
     push.setsockopt(zmq.LINGER, 0)
     push.connect(learner.endpoints["data"])
     for seq in range(batches):
-        push.send_multipart(frames("actor-0", seq, cartpole_batch(64, seed=seq, priority=None)))
+        push.send_multipart(batch_frames("actor-0", seq, cartpole_batch(64, seed=seq, priority=None)))
     ingest_until(learner, lambda: len(learner.replay) == 64 * batches)
     return learner, push
 
@@ -184,7 +185,7 @@ def test_a_learner_fed_while_training_inserts_between_steps_and_settles_each_ste
         while learner.book.opt_steps < 40 or seq < 14:  # more data while it trains
             assert time.monotonic() < deadline and runner.is_alive()
             if seq < 14:
-                push.send_multipart(frames("actor-0", seq, cartpole_batch(64, seed=seq, priority=None)))
+                push.send_multipart(batch_frames("actor-0", seq, cartpole_batch(64, seed=seq, priority=None)))
                 seq += 1
             time.sleep(0.02)
     finally:

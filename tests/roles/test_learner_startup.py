@@ -25,13 +25,14 @@ import numpy as np
 import pytest
 import zmq
 
+from batches import batch_frames, cartpole_batch
 from zmqrl.config import Config
 from zmqrl.roles.addresses import free_port
 from zmqrl.roles.learner import FIRST_BATCH_FILE, Learner
 from zmqrl.run.acting import make_task
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
-from zmqrl.wire import BATCH, CONTROL, CONTROL_TOPIC, MODEL, MODEL_TOPIC, Limits, decode, encode
+from zmqrl.wire import CONTROL, CONTROL_TOPIC, MODEL, MODEL_TOPIC, Limits, decode
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,19 +46,6 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
-
-
-def transitions(n: int, seed: int, obs_dim: int = 4) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"obs": rng.standard_normal((n, obs_dim)).astype(np.float32), "action": rng.integers(0, 2, n),
-            "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, obs_dim)).astype(np.float32),
-            "discount": np.full(n, 0.97, np.float32), "priority": rng.uniform(0.1, 1.0, n).astype(np.float32)}
-
-
-def batch_frames(seq: int, arrays: dict[str, np.ndarray], sender: str = "actor-0") -> list[Any]:
-    stats = {"env_steps": 64 * (seq + 1)}
-    return encode(BATCH, sender=sender, incarnation="inc-1", seq=seq, version=0, arrays=arrays,
-                  meta={"stats": stats, "episodes": {"returns": [10.0], "lengths": [10]}, "epsilon": 0.4})
 
 
 def make_learner(cfg: Config, run_dir: Path) -> Learner:
@@ -130,7 +118,7 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
 
         marker = tmp_path / "run" / FIRST_BATCH_FILE
         assert not marker.exists(), "first_batch.json before any batch"
-        push.send_multipart(batch_frames(0, transitions(64, seed=0)))
+        push.send_multipart(batch_frames("actor-0", 0, cartpole_batch(64, 0)))
         wait_for(marker.exists, 10, "first_batch.json")
         first = read_json(marker)
         assert first is not None and first["transitions"] == 64 and first["replay_size"] == 64, first
@@ -173,7 +161,7 @@ def test_control_carries_the_start_up_quota_while_torch_loads_and_an_allowance_o
         assert control.poll(10_000), "no control while the agent was still being built"
         loading = decode(control.recv_multipart(), Limits.only([CONTROL]))
         assert loading.meta.get("quota") == 64 and "allow" not in loading.meta, loading.meta
-        push.send_multipart(batch_frames(0, transitions(64, seed=0)))
+        push.send_multipart(batch_frames("actor-0", 0, cartpole_batch(64, 0)))
         wait_for(lambda: len(learner.replay) == 64, 10, "the batch in replay")
         release.set()
         trained, versions, deadline = [], [], time.monotonic() + 60
@@ -215,13 +203,14 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_refused_alo
     push = zctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     push.connect(learner.endpoints["data"])
-    good = [transitions(64, seed=i) for i in range(4)]
-    nan = transitions(64, seed=9)
+    good = [cartpole_batch(64, i) for i in range(4)]
+    nan = cartpole_batch(64, 9)
     nan["priority"][5] = np.nan  # same fields as the good ones: the value check refuses it, the others go on
-    wide = transitions(64, seed=10, obs_dim=5)  # does not fit the replay's schema
+    wide = {**cartpole_batch(64, 10), "obs": np.zeros((64, 5), np.float32),
+            "next_obs": np.zeros((64, 5), np.float32)}  # does not fit the replay's schema
     try:
         for seq, arrays in enumerate([good[0], good[1], good[2], nan, good[3], wide]):
-            push.send_multipart(batch_frames(seq, arrays))
+            push.send_multipart(batch_frames("actor-0", seq, arrays))
             if seq == 2:
                 wait_for(lambda: learner.data.poll(0, zmq.POLLIN) != 0, 10, "the batches to arrive")
                 time.sleep(0.3)  # all three queued

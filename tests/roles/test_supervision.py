@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from procs import REPO, Proc, Procs, log_tail, pid_alive, pids_with_arg, role_env, wait_for, zmqrl_argv
+from procs import REPO, Proc, Procs, log_tail, role_env, wait_for, zmqrl_argv
+from zmqrl.bench.procfs import alive, pids_with_arg
 from zmqrl.config import dump, load
 from zmqrl.roles.addresses import free_port
 from zmqrl.roles.launch.processes import Role, RoleSpec, zmqrl_command
@@ -78,7 +79,7 @@ def diag(procs: Procs, run_dir: Path) -> str:
 def running_pid(run_dir: Path, role: str, name: str = "local") -> int | None:
     entry = role_entry(run_dir, role, name)
     pid = entry.get("pid")
-    return pid if entry.get("state") == "running" and isinstance(pid, int) and pid_alive(pid) else None
+    return pid if entry.get("state") == "running" and isinstance(pid, int) and alive(pid) else None
 
 
 def local_script(procs: Procs, run_dir: Path, *args: str, overrides: list[str], actors: int = 2) -> Proc:

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 import zmq
 
-from procs import Proc, Procs, cmdline, log_tail, pid_alive, pids_with_arg, wait_for, zmqrl_argv  # noqa: E402
+from procs import Proc, Procs, log_tail, wait_for, zmqrl_argv  # noqa: E402
+from zmqrl.bench.procfs import alive, cmdline, pids_with_arg  # noqa: E402
 from zmqrl.roles.addresses import free_port
 from zmqrl.run.checkpoint import POLICY_FILE
 from zmqrl.run.rundir import read_json
@@ -418,9 +419,9 @@ def test_local_launcher_sigterm_stops_every_role(tmp_path: Path, procs: Procs) -
 
     local.signal(signal.SIGTERM)
     sent = time.monotonic()
-    wait_for(lambda: not any(pid_alive(p) for p in children.values()), 5.0,
+    wait_for(lambda: not any(alive(p) for p in children.values()), 5.0,
              "every child of zmqrl local to stop within 5 s of SIGTERM",
-             lambda: f"alive: {[n for n, p in children.items() if pid_alive(p)]}\n{procs.describe()}", interval=0.05)
+             lambda: f"alive: {[n for n, p in children.items() if alive(p)]}\n{procs.describe()}", interval=0.05)
     stopped_in = time.monotonic() - sent
     rc = local.wait(timeout=10)
     assert rc == 0, f"zmqrl local exited with {rc} after SIGTERM\n{procs.describe()}"

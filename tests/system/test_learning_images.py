@@ -21,8 +21,7 @@ CATCH_CONFIGS = [str(REPO / "configs" / f"catch_{algo}.yaml") for algo in ("dqn"
 def _run(tmp_path: Path, procs: Procs, config: str, role_args: list[str], seed: int) -> dict:
     run_dir = tmp_path / "run"
     procs.sweep_args.append(str(run_dir))
-    argv = zmqrl_argv(*role_args, "--run-dir", str(run_dir), overrides=[f"run.seed={seed}"])
-    argv[4] = config  # the config argument
+    argv = zmqrl_argv(*role_args, "--run-dir", str(run_dir), overrides=[f"run.seed={seed}"], config=config)
     started = time.monotonic()
     proc = procs.start(role_args[0], argv)
     rc = proc.wait(540)

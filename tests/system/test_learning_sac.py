@@ -28,8 +28,8 @@ def first_solved(summary: dict) -> dict | None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_train_solves_pendulum_within_5000_env_steps(tmp_path: Path, procs: Procs, seed: int) -> None:
     run_dir = tmp_path / "run"
-    argv = zmqrl_argv("train", "--run-dir", str(run_dir), overrides=[f"run.seed={seed}", "trainer.max_opts=5000"])
-    argv[4] = PENDULUM  # the config argument
+    argv = zmqrl_argv("train", "--run-dir", str(run_dir), overrides=[f"run.seed={seed}", "trainer.max_opts=5000"],
+                      config=PENDULUM)
     started = time.monotonic()
     train = procs.start("train", argv)
     rc = train.wait(540)
@@ -48,8 +48,7 @@ def test_train_solves_pendulum_within_5000_env_steps(tmp_path: Path, procs: Proc
 def test_local_solves_pendulum(tmp_path: Path, procs: Procs) -> None:
     run_dir = tmp_path / "run"
     procs.sweep_args.append(str(run_dir))
-    argv = zmqrl_argv("local", "--actors", "2", "--run-dir", str(run_dir), overrides=["run.seed=0"])
-    argv[4] = PENDULUM
+    argv = zmqrl_argv("local", "--actors", "2", "--run-dir", str(run_dir), overrides=["run.seed=0"], config=PENDULUM)
     local = procs.start("local", argv)
     rc = local.wait(540)
     logs = "\n".join(f"--- {p.name}\n{log_tail(p, 15)}" for p in sorted((run_dir / "logs").glob("*.log")))

@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from procs import REPO, log_tail, pids_with_arg, wait_for
+from procs import REPO, log_tail, wait_for
+from zmqrl.bench.procfs import pids_with_arg
 from zmqrl.roles.addresses import free_port
 from zmqrl.run import checkpoint
 from zmqrl.run.rundir import read_json

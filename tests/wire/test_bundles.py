@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import zmq
 
+from batches import cartpole_batch
 from procs import Procs, wait_for
-from rigs import cartpole_batch, in_process_learner, ingest_until
+from rigs import in_process_learner, ingest_until
 from zmqrl.roles.addresses import free_port
 from zmqrl.roles.learner import Learner
 from zmqrl.run.rundir import read_json

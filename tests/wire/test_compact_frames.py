@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import zmq
 
-from procs import REPO, Procs, wait_for
+from procs import REPO, Procs, wait_for, zmqrl_argv
 from zmqrl import config
+from zmqrl.frames import image_fields
 from zmqrl.roles.addresses import free_port
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import (
@@ -38,7 +39,7 @@ from zmqrl.wire import (
     peek,
     unbundle,
 )
-from zmqrl.wire.compact import FRAMES_META, FrameCompactor, decompress, expand, image_fields
+from zmqrl.wire.compact import FRAMES_META, FrameCompactor, decompress, expand
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -50,9 +51,9 @@ CATCH = REPO / "configs" / "catch_dqn.yaml"
 def pong() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """256 transitions of the Pong config's actor (its acting loop: n-step, priorities), and the run's batch spec."""
     pytest.importorskip("ale_py")
-    from zmqrl.bench.transport import pong_transitions
+    from zmqrl.bench.data import pong_transitions
 
-    return pong_transitions(256, seed=5, config=str(PONG))
+    return pong_transitions(256, seed=5, config=PONG)
 
 
 def needs(codec: str) -> None:
@@ -291,13 +292,15 @@ def test_catch_through_actor_proxy_and_learner_with_lz4_frames(tmp_path: Path, p
             "replay.capacity=100000", "actor.num_actors=2", "net.stats_interval_s=0.5", "net.proxy_hold_ms=50"]
 
     tcp = "tcp://127.0.0.1:{}".format
-    procs.start("learner", _argv("learner", "--run-dir", str(run_dir), "--bind-data", tcp(ports["data"]),
-                                 "--bind-model", tcp(ports["model"]), "--bind-eval", tcp(ports["eval"]), sets=sets))
-    procs.start("proxy", _argv("proxy", "--bind", tcp(ports["proxy"]), "--learner", tcp(ports["data"]),
-                               "--run-dir", str(run_dir), sets=sets))
+    procs.start("learner", zmqrl_argv("learner", "--run-dir", str(run_dir), "--bind-data", tcp(ports["data"]),
+                                      "--bind-model", tcp(ports["model"]), "--bind-eval", tcp(ports["eval"]),
+                                      overrides=sets, config=CATCH))
+    procs.start("proxy", zmqrl_argv("proxy", "--bind", tcp(ports["proxy"]), "--learner", tcp(ports["data"]),
+                                    "--run-dir", str(run_dir), overrides=sets, config=CATCH))
     for i in (0, 1):
-        procs.start(f"actor-{i}", _argv("actor", "--id", str(i), "--proxy", tcp(ports["proxy"]), "--learner",
-                                        tcp(ports["model"]), "--run-dir", str(run_dir), sets=sets))
+        procs.start(f"actor-{i}", zmqrl_argv("actor", "--id", str(i), "--proxy", tcp(ports["proxy"]), "--learner",
+                                             tcp(ports["model"]), "--run-dir", str(run_dir), overrides=sets,
+                                             config=CATCH))
 
     def sending() -> bool:
         assert all(p.alive() for p in procs.procs.values()), procs.describe()
@@ -320,11 +323,3 @@ def test_catch_through_actor_proxy_and_learner_with_lz4_frames(tmp_path: Path, p
     assert wire["compact_batches"] == msgs["batches_received"] == sum(s["batches"] for s in sent if s is not None)
     assert msgs["bundles_received"] > 0, msgs  # lz4 batches are small: the proxy joined them
     assert wire["bytes_per_transition"] < 84 * 84 / 4, wire  # vs 2 frames of 84x84 per transition uncompressed
-
-
-def _argv(role: str, *args: str, sets: list[str]) -> list[str]:
-    from procs import zmqrl_argv
-
-    argv = zmqrl_argv(role, *args, overrides=sets)
-    argv[4] = str(CATCH)
-    return argv

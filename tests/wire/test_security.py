@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import zmq
 
+from batches import batch_frames, cartpole_batch
 from zmqrl import config
 from zmqrl.cli.app import build_parser
 from zmqrl.config import ConfigError, NetConfig
@@ -38,7 +39,6 @@ from zmqrl.wire import (
     bound_address,
     check_batch,
     decode,
-    encode_batch,
     encode_model,
     keygen,
     make_socket,
@@ -82,12 +82,6 @@ def contexts() -> Iterator[Callable[..., zmq.Context]]:
     yield make
     for ctx in made:
         ctx.destroy(linger=0)
-
-
-def batch_frames(sender: str, seq: int = 0) -> list[Any]:
-    data: dict[str, np.ndarray] = {"obs": np.arange(12, dtype=np.float32).reshape(3, 4),
-                                   "act": np.array([0, 1, 1], dtype=np.int64)}
-    return encode_batch(sender, "inc0", seq, 0, data)
 
 
 def server_pull(ctx: zmq.Context, security: Security) -> tuple[zmq.Socket, str]:
@@ -146,11 +140,12 @@ def test_listed_client_reaches_server(keys: Path, contexts: Callable[..., zmq.Co
     listed = Security.curve(str(keys), "server", "listed")
     pull, addr = server_pull(contexts(server), server)
     push = client_push(contexts(), listed, addr)
-    send_frames(push, batch_frames("listed"))
+    sent = cartpole_batch(3, 0)
+    send_frames(push, batch_frames("listed", 0, sent))
     msg = recv_message(pull, timeout_ms=ARRIVE_MS)
     assert msg is not None, "nothing arrived from an allow-listed CURVE client"
     assert msg.kind == BATCH and msg.sender == "listed" and check_batch(msg) == 3
-    np.testing.assert_array_equal(msg.arrays["act"], [0, 1, 1])
+    np.testing.assert_array_equal(msg.arrays["action"], sent["action"])
     assert pull.get(zmq.CURVE_SERVER) == 1 and push.get(zmq.CURVE_SERVER) == 0
 
 
@@ -163,11 +158,11 @@ def test_refused_client_gets_nothing_through_and_server_keeps_serving(
     pull, addr = server_pull(ctx, server)
     bad_security = Security.curve(str(keys), "server", "unlisted") if who == "unlisted" else None
     bad = client_push(contexts(), bad_security, addr)
-    send_frames(bad, batch_frames(who))  # queued on the client: no IMMEDIATE in SocketOptions()
+    send_frames(bad, batch_frames(who, 0, cartpole_batch(3, 0)))  # queued: no IMMEDIATE in SocketOptions()
     assert recv_message(pull, timeout_ms=REFUSE_WAIT_MS) is None, f"a message from the {who} client arrived"
 
     good = client_push(contexts(), Security.curve(str(keys), "server", "listed"), addr)
-    send_frames(good, batch_frames("listed"))
+    send_frames(good, batch_frames("listed", 0, cartpole_batch(3, 0)))
     msg = recv_message(pull, timeout_ms=ARRIVE_MS)
     assert msg is not None and msg.sender == "listed", f"the server stopped serving after refusing {who}: {msg}"
     assert recv_message(pull, timeout_ms=200) is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from zmqrl.bench.data import transition_pool
 from zmqrl.bench.harness import (
     Context,
     Row,
@@ -20,7 +21,6 @@ from zmqrl.bench.harness import (
     make_row,
     median,
     skipped_row,
-    transition_pool,
 )
 
 CONFIG = "pong_dqn.yaml"

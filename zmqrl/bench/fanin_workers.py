@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import zmq
 
+from zmqrl.bench.data import TRANSITION_KEYS
 from zmqrl.bench.harness import (
     HOST,
-    TRANSITION_KEYS,
     BenchError,
     child_config,
     load_arrays,

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent.parent
 CONFIGS = REPO / "configs"
 HOST = "127.0.0.1"
-TRANSITION_KEYS = ("obs", "action", "reward", "next_obs", "discount")
 
 
 class BenchError(RuntimeError):
@@ -348,40 +347,7 @@ def await_subscriber(pub: zmq.Socket, timeout_s: float) -> None:
     raise BenchError(f"no subscriber connected within {timeout_s:.0f}s")
 
 
-# ------------------------------------------------------------------------------------- workloads
-
-
-def uniform_actions(stepper: Any, rng: np.random.Generator) -> np.ndarray:
-    """One uniformly random action per env of a vector (dtype as the single env's action space)."""
-    import numpy as np
-
-    space = stepper.vec.single_action_space
-    space.seed(int(rng.integers(2**31)))
-    return np.stack([np.asarray(space.sample()) for _ in range(stepper.num_envs)])
-
-
-def transition_pool(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """``n`` real n-step transitions of the configured env under a uniform random policy, as actors build them."""
-    import numpy as np
-
-    from zmqrl.envs.factory import make_vector_env
-    from zmqrl.envs.stepper import VectorStepper
-    from zmqrl.replay import NStepBuilder
-
-    stepper = VectorStepper(make_vector_env(cfg.env, cfg.env.num_envs, seed), seed)
-    nstep = NStepBuilder(cfg.env.num_envs, cfg.agent.n_step, cfg.agent.gamma)
-    rng = np.random.default_rng(seed)
-    parts, count = [], 0
-    try:
-        while count < n:
-            step = stepper.step(uniform_actions(stepper, rng))
-            out = nstep.push(step.obs, step.action, step.reward, step.next_obs, step.terminated, step.truncated)
-            if out is not None:
-                parts.append(out)
-                count += len(out["reward"])
-    finally:
-        stepper.close()
-    return {k: np.ascontiguousarray(np.concatenate([p[k] for p in parts])[:n]) for k in TRANSITION_KEYS}
+# ------------------------------------------------------------------------------------- arrays
 
 
 def save_arrays(path: Path, arrays: dict[str, Any]) -> Path:

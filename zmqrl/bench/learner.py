@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import zmq
 
+from zmqrl.bench.data import TRANSITION_KEYS, transition_pool
 from zmqrl.bench.harness import (
     CONFIGS,
-    TRANSITION_KEYS,
     BenchError,
     Context,
     Procs,
@@ -35,7 +35,6 @@ from zmqrl.bench.harness import (
     make_row,
     median,
     save_arrays,
-    transition_pool,
 )
 from zmqrl.roles.fit import Allowance
 from zmqrl.roles.net import limits, options

@@ -1,5 +1,6 @@
 """Processes as ``/proc`` shows them: found by their command line, their children, memory, CPU time and
-sockets, and killed by pid. Linux only; used by the bench groups and the soak."""
+sockets, and killed by pid. Linux only; used by the bench groups and the soak, and by the tests to find
+and stop what a run left behind."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.bench.harness import Context, Row, calls_per_second, load_config, make_row, median, transition_pool
+from zmqrl.bench.data import transition_pool
+from zmqrl.bench.harness import Context, Row, calls_per_second, load_config, make_row, median
 from zmqrl.replay.uniform import UniformReplay
 
 CONFIG = "cartpole_dqn.yaml"

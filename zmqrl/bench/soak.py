@@ -11,7 +11,8 @@ stop cleanly), so the command can gate a CI job.
 
     zmqrl soak configs/cartpole_dqn.yaml --minutes 10 --actors 2
 
-With ``--hostile`` the soak also attacks the job: see :mod:`zmqrl.bench.soak_hostile`.
+:class:`Soak` has hooks (``_tick``, ``_end``, ``_before_stop``, ``_extend``, ``_print_more``) for a
+soak that does more while the job runs: the hostile soak under ``tests/hostile/`` attacks it.
 
 The launcher is started and stopped as the bench's processes are (:mod:`zmqrl.bench.harness`,
 built on the local launcher's own :class:`~zmqrl.roles.launch.supervisor.Role`). This module never imports
@@ -26,12 +27,16 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zmqrl.bench.harness import Proc, zmqrl_argv
 from zmqrl.bench.procfs import alive, children, cmdline, descendants, kill_pids, read_text
 from zmqrl.run.rundir import read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from zmqrl.config import Config
 
 MAX_OPTS = 1_000_000_000  # "never" for a soak: the job runs until the soak stops it
 STOP_GRACE_S = 60.0  # the launcher's own grace (a few seconds per role) plus the learner's final save
@@ -274,10 +279,10 @@ class Soak:
         return self.started + self.duration_s
 
     def _tick(self) -> None:
-        """After each sample (a hook for :class:`HostileSoak`)."""
+        """After each sample (a hook for subclasses)."""
 
     def _before_stop(self) -> None:
-        """Before the job is stopped (a hook for :class:`HostileSoak`)."""
+        """Before the job is stopped (a hook for subclasses)."""
 
     def _stop(self) -> None:
         """SIGTERM the launcher (it stops every role), SIGKILL it if it overstays, then any role left over."""
@@ -333,12 +338,11 @@ class Soak:
         return 0
 
     def _extend(self, result: dict[str, Any]) -> str:
-        """Add to soak.json's ``result`` (a hook for :class:`HostileSoak`); a non-empty return is why the
-        soak failed."""
+        """Add to soak.json's ``result`` (a hook for subclasses); a non-empty return is why the soak failed."""
         return ""
 
     def _print_more(self, result: dict[str, Any]) -> None:
-        """Print more after the memory table (a hook for :class:`HostileSoak`)."""
+        """Print more after the memory table (a hook for subclasses)."""
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -355,22 +359,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-evaluator", action="store_true", help="run without the evaluator")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value for the job (repeatable)")
-    g = p.add_argument_group("hostile soak", "--hostile: once the learner trains, a quiet phase measures the honest "
-                             "actors' intake, then a hostile client (python -m zmqrl.bench.hostile) sends every kind "
-                             "of bad message for the rest of --minutes (counted from the first optimisation step)")
-    g.add_argument("--hostile", action="store_true", help="attack the job after a quiet phase (CartPole-v1 configs)")
-    g.add_argument("--quiet-s", type=float, default=None,
-                   help="seconds of quiet phase (default: a third of --minutes, at least 30)")
-    g.add_argument("--hostile-rate", type=float, default=300.0,
-                   help="the hostile client's messages per second, all kinds together (default 300)")
-    g.add_argument("--hostile-kinds", default="all", help="comma-separated attack kinds (default all)")
-    g.add_argument("--hostile-slot-s", type=float, default=2.0, help="seconds per attack kind per turn (default 2)")
-    g.add_argument("--many-frames", type=int, default=200_000,
-                   help="frames in the many_frames attack's message (default 200000)")
 
 
-def cmd_soak(args: argparse.Namespace) -> int:
-    """The ``zmqrl soak`` handler."""
+@dataclass(frozen=True)
+class Job:
+    """The job a soak runs, as its command line describes it."""
+
+    cfg: Config
+    argv: list[str]  # the launcher's command line
+    run_dir: Path
+    expected: list[str]  # the roles it starts
+    duration_s: float
+
+
+def job_from_args(args: argparse.Namespace) -> Job:
+    """The job of :func:`add_arguments`' flags, checked before anything starts (ConfigError otherwise)."""
     from zmqrl.config import ConfigError, load
 
     if args.minutes <= 0:
@@ -381,16 +384,17 @@ def cmd_soak(args: argparse.Namespace) -> int:
         raise ConfigError(f"--actors must be >= 1, got {args.actors}")
     cfg = load(args.config, list(args.overrides))  # a bad config fails here, not in five child processes
     run_dir = Path(args.run_dir or f"runs/soak-{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    duration = 60.0 * args.minutes
-    warmup = default_warmup_s(duration) if args.warmup_s is None else min(args.warmup_s, duration)
     expected = ["learner", "proxy", *[f"actor-{i}" for i in range(args.actors)]]
     expected += [] if args.no_evaluator else ["evaluator"]
     argv = launcher_argv(args.config, args.actors, run_dir, list(args.overrides), evaluator=not args.no_evaluator)
-    if args.hostile:
-        from zmqrl.bench.soak_hostile import hostile_soak
+    return Job(cfg, argv, run_dir, expected, 60.0 * args.minutes)
 
-        return hostile_soak(args, cfg, argv, run_dir, expected, duration).run()
-    return Soak(argv, run_dir, expected, duration, args.interval_s, warmup).run()
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    """The ``zmqrl soak`` handler."""
+    job = job_from_args(args)
+    warmup = default_warmup_s(job.duration_s) if args.warmup_s is None else min(args.warmup_s, job.duration_s)
+    return Soak(job.argv, job.run_dir, job.expected, job.duration_s, args.interval_s, warmup).run()
 
 
 def main(argv: list[str] | None = None) -> int:

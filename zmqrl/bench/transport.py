@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from zmqrl.bench.data import pong_transitions
 from zmqrl.bench.harness import (
     Context,
     Proc,
@@ -282,35 +283,14 @@ def run(c: Context) -> list[Row]:
 FRAME_GOAL = 1.1  # frames' bytes per transition on the wire (uncompressed), the compact format's goal
 
 
-def pong_transitions(n: int, seed: int = 1, config: str = "configs/pong_dqn.yaml"
-                     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """``n`` transitions of the shipped Pong config's actor (its acting loop: n-step, priorities)
-    in the order an actor batches them, and the run's batch spec."""
-    from zmqrl.config import load
-    from zmqrl.run.acting import ActingLoop, make_task
-
-    cfg = load(config, [])
-    task = make_task(cfg)
-    loop = ActingLoop(cfg, task.policy(seed, backend=cfg.actor.backend), task.exploration(0), seed, priorities=True)
-    parts, got = [], 0
-    try:
-        while got < n:
-            acted = loop.step()
-            if acted.transitions is not None:
-                parts.append(acted.transitions)
-                got += len(acted.transitions["reward"])
-    finally:
-        loop.close()
-    return dict(task.batch_spec()), {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
-
-
 def wire_figures(spec: dict[str, Any], batch: dict[str, np.ndarray], n_buffer: int, reps: int = 3
                  ) -> dict[str, dict[str, float]]:
     """Per way of sending (full stacks, compact, compact + lz4, compact + zstd): bytes per transition of
     the encoded BATCH messages of ``n_buffer`` transitions each (header included), frames per transition,
     and the actor's encode plus the learner's decode (and stack rebuild) in us per transition (best of ``reps``)."""
+    from zmqrl.frames import image_fields
     from zmqrl.wire import DEFAULT_COPY_THRESHOLD, BatchEncoder, decode
-    from zmqrl.wire.compact import FrameCompactor, expand, image_fields
+    from zmqrl.wire.compact import FrameCompactor, expand
 
     fields = image_fields(spec)
     batches = [{k: v[lo:lo + n_buffer] for k, v in batch.items()}
@@ -347,7 +327,7 @@ def frames_rows(c: Context) -> list[Row]:
     except ImportError:
         return [skipped_row("wire_pong_frames_32", "frames' bytes", "ale-py is not installed", ("<=", 1.0))]
     n = 2048 if c.settings.reps > 1 else 1024
-    spec, batch = pong_transitions(n, config=str(c.configs("pong_dqn.yaml")[0]))
+    spec, batch = pong_transitions(n, config=c.configs("pong_dqn.yaml")[0])
     rows = []
     for n_buffer in (32, 128):
         fig = wire_figures(spec, batch, n_buffer, reps=max(1, c.settings.reps))

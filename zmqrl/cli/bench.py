@@ -1,5 +1,5 @@
-"""``zmqrl bench`` (the performance goals), ``zmqrl soak`` (a job run for a while, optionally under attack) and
-``zmqrl sprint`` (a GPU host measured in one prepared command)."""
+"""``zmqrl bench`` (the performance goals), ``zmqrl soak`` (a job run for a while) and ``zmqrl sprint`` (a GPU
+host measured in one prepared command)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,7 @@ COMMANDS = [
             "Measure each performance goal next to its baseline in one run and print a table (name, measured, "
             f"baseline, ratio, goal, met). Names: {', '.join(GROUPS)}."),
     Command("soak", "run a distributed job for a while and report every role's memory growth", soak_args, run_soak,
-            "Run a distributed job for a while and report every role's memory growth; with --hostile, while a "
-            "hostile client sends each kind of bad message, what was refused and what honest throughput was kept."),
+            "Run a distributed job for a while and report every role's memory growth."),
     Command("sprint", "measure a host with a GPU in one prepared command (bench rows, then Pong on the GPU)",
             sprint_args, run_sprint,
             "On a host with a GPU, inside a fixed budget (default 540 s): the cnn bench rows on CUDA, then zmqrl local "

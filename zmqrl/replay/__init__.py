@@ -1,4 +1,4 @@
-"""Experience replay (uniform and prioritized) and n-step transition building.
+"""Experience replay: uniform and prioritized, over one ring, with image frames stored once.
 
 Depends on numpy and the standard library only.
 """
@@ -9,12 +9,12 @@ from typing import Any
 
 from zmqrl.replay.files import read_stamp
 from zmqrl.replay.frames import FramePool
-from zmqrl.replay.nstep import NStepBuilder
 from zmqrl.replay.prioritized import PRIORITY_CAP, PrioritizedReplay
+from zmqrl.replay.schema import Schema
 from zmqrl.replay.sumtree import SumTree
-from zmqrl.replay.uniform import Schema, UniformReplay
+from zmqrl.replay.uniform import UniformReplay
 
-__all__ = ["PRIORITY_CAP", "FramePool", "NStepBuilder", "PrioritizedReplay", "Schema", "SumTree", "UniformReplay",
+__all__ = ["PRIORITY_CAP", "FramePool", "PrioritizedReplay", "Schema", "SumTree", "UniformReplay",
            "make_replay", "read_stamp"]
 
 

@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from zmqrl.replay.files import ReplayContents
+from zmqrl.replay.schema import Schema
 from zmqrl.replay.sumtree import MAX_LEAF, SumTree
-from zmqrl.replay.uniform import Schema, UniformReplay
+from zmqrl.replay.uniform import UniformReplay
 
 PRIORITY_CAP = 1e6  # raw priorities (|TD error|) above this are stored as this; far above any real TD error
 
@@ -33,6 +35,8 @@ class PrioritizedReplay(UniformReplay):
     keep the priority they had. If every stored priority is zero (possible with ``eps=0``),
     ``sample`` draws uniformly with unit weights.
     """
+
+    _file_priorities = True
 
     def __init__(
         self,
@@ -210,33 +214,18 @@ class PrioritizedReplay(UniformReplay):
         self._max_priority = s["max_priority"]
         self._tree.max_value = s["tree_max"]
 
-    def _extra_arrays(self) -> dict[str, np.ndarray]:
-        return {"priorities": self._tree.leaves}
+    def _contents(self) -> ReplayContents:
+        """Also the sum tree's leaves."""
+        contents = super()._contents()
+        contents.priorities = self._tree.leaves
+        return contents
 
-    def _stage_extra(self, arrays: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> dict[str, Any]:
-        """The file's priorities, checked: finite, non-negative, zero beyond the stored items."""
-        if "priorities" in arrays:
-            leaves = arrays["priorities"]
-        elif "tree" in arrays:  # files written before the two-level tree: a binary tree, leaves at the end
-            tree = arrays["tree"]
-            num_leaves = 1 << (self.capacity - 1).bit_length()
-            if tree.shape != (2 * num_leaves,):
-                raise ValueError(f"tree: expected shape {(2 * num_leaves,)}, got {tree.shape}")
-            leaves = tree[num_leaves : num_leaves + self.capacity]
-        else:
-            raise ValueError("no 'priorities' array in the replay file")
-        if leaves.shape != (self.capacity,) or leaves.dtype.kind != "f":
-            raise ValueError(f"priorities: expected {(self.capacity,)} floats, got {leaves.shape} {leaves.dtype}")
-        leaves = leaves.astype(np.float64)
-        if not np.all((leaves >= 0) & (leaves < math.inf)):
-            raise ValueError("priorities must be finite and non-negative")
-        if np.any(leaves[state["size"] :] != 0):
-            raise ValueError(f"priorities: non-zero priority beyond the {state['size']} stored items")
-        # Files written before priorities were capped may hold larger values: lower them to the cap.
-        return {"leaves": np.minimum(leaves, self.leaf_cap)}
-
-    def _commit_extra(self, extra: Mapping[str, Any]) -> None:
-        self._tree.load_leaves(extra["leaves"])
+    def _adopt(self, contents: ReplayContents) -> None:
+        """Also the file's priorities; those above ``leaf_cap`` (files written before priorities were capped)
+        lowered to it."""
+        assert contents.priorities is not None
+        super()._adopt(contents)
+        self._tree.load_leaves(np.minimum(contents.priorities, self.leaf_cap))
 
 
 def priority_counts(replay: object) -> dict[str, int]:

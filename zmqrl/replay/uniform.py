@@ -2,47 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from zmqrl.frames import check_codec, frame_layout, image_fields
-from zmqrl.replay.files import (
-    FILE_ERRORS,
-    FRAMES_KEY,
-    REFS_PREFIX,
-    STAMP_KEY,
-    STATE_KEY,
-    STORAGE_PREFIX,
-    decode_json,
-    decode_stamp,
-    describe_error,
-    encode_json,
-    read_npz,
-)
+from zmqrl.replay.files import ReplayContents, read_replay, save_replay
 from zmqrl.replay.frames import FramePool
+from zmqrl.replay.schema import RESERVED_KEYS, Layout, Schema, match_schema, parse_schema
 
-Schema = Mapping[str, tuple[npt.DTypeLike, tuple[int, ...]]]  # key -> (dtype, per-item shape)
-_Layout = dict[str, tuple[tuple[int, ...], np.dtype]]  # the stored form: key -> (per-item shape, dtype)
-
-RESERVED_KEYS = ("indices", "weights")
 FRAME_KEYS = ("obs", "next_obs")  # image keys whose frames go to the shared frame pool
-
-
-@dataclass
-class _Staged:
-    """The checked contents of a replay file, ready to replace a replay's own."""
-
-    state: dict[str, Any]
-    schema: _Layout
-    storage: dict[str, np.ndarray]
-    refs: dict[str, np.ndarray]
-    frames: np.ndarray | None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class UniformReplay:
@@ -63,6 +33,8 @@ class UniformReplay:
     the codec is not installed) and does nothing for items without image frames.
     """
 
+    _file_priorities = False  # whether its files hold priorities (a prioritized replay's do)
+
     def __init__(self, capacity: int, seed: int | None = None, frame_stack: int = 0, *,
                  schema: Schema | None = None, compress: str = "none") -> None:
         if int(capacity) < 1:
@@ -78,7 +50,7 @@ class UniformReplay:
         self._compress = compress
         self._capacity = int(capacity)
         self._frame_stack = int(frame_stack)
-        self._schema: _Layout = {}
+        self._schema: Layout = {}
         self._fixed = schema is not None  # schema given at construction: files must match it too
         self._storage: dict[str, np.ndarray] = {}  # ring arrays of the keys stored as given
         self._frame_refs: dict[str, np.ndarray] = {}  # ring arrays of frame slots, (capacity, frames)
@@ -89,7 +61,7 @@ class UniformReplay:
         self.new_frames = 0  # distinct frames the last add stored anew (0 without a frame pool)
         self._rng = np.random.default_rng(seed)
         if schema is not None:
-            self._schema = _parse_schema(schema)
+            self._schema = parse_schema(schema)
             self._allocate()
 
     # ------------------------------------------------------------------ basics
@@ -103,7 +75,7 @@ class UniformReplay:
 
     @property
     def num_added(self) -> int:
-        """Total number of items ever passed to ``add`` or ``add_frames``."""
+        """Total number of items ever passed to ``add``."""
         return self._added
 
     @property
@@ -286,7 +258,7 @@ class UniformReplay:
         n = next(iter(lengths.values()))
         if self._schema:
             expected = {k: v for k, v in self._schema.items() if k not in without}
-            _match_schema(expected, {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}, "batch")
+            match_schema(expected, {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}, "batch")
         return arrays, n
 
     def _allocate(self) -> None:
@@ -390,37 +362,14 @@ class UniformReplay:
         self._ptr, self._size, self._added = s["ptr"], s["size"], s["added"]
         self._rng.bit_generator.state = s["rng"]
 
-    def _extra_arrays(self) -> dict[str, np.ndarray]:
-        """Hook for subclasses: extra arrays to include in ``save``."""
-        return {}
-
-    def _stage_extra(self, arrays: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> dict[str, Any]:
-        """Hook for subclasses: check the arrays written by ``_extra_arrays``; raise if they do not fit."""
-        return {}
-
-    def _commit_extra(self, extra: Mapping[str, Any]) -> None:
-        """Hook for subclasses: take the values returned by ``_stage_extra``."""
-
+    # ------------------------------------------------------------------ files
     def save(self, path: str, stamp: Mapping[str, Any] | None = None) -> None:
         """Write all storage and state to a single ``.npz`` file at exactly ``path``.
 
         ``stamp`` is small JSON-serialisable metadata (e.g. the optimisation step of the
         checkpoint the file belongs to), returned by ``load`` and by :func:`read_stamp`.
         """
-        arrays = {}
-        if stamp is not None:
-            arrays[STAMP_KEY] = encode_json(dict(stamp), "stamp", strict=True)
-        frames = {k: [list(shape), dtype.str] for k, (shape, dtype) in self._schema.items() if k in self._frame_refs}
-        arrays.update({STORAGE_PREFIX + k: v for k, v in self._storage.items()})
-        arrays.update({REFS_PREFIX + k: v for k, v in self._frame_refs.items()})
-        if self._pool is not None:
-            arrays[FRAMES_KEY] = self._pool.frames_at(np.arange(self._pool.high))  # raw, compressed or not
-        arrays.update(self._extra_arrays())
-        arrays[STATE_KEY] = encode_json({**self.state_dict(), "frame_schema": frames}, "state")
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            np.savez(f, allow_pickle=False, **arrays)
-        os.replace(tmp, path)
+        save_replay(path, self._contents(), stamp)
 
     def load(self, path: str) -> dict[str, Any]:
         """Replace storage and state with the contents of a file written by ``save``; return its stamp.
@@ -430,135 +379,30 @@ class UniformReplay:
         another capacity, or another schema than one fixed at construction) raises ``ValueError``
         naming ``path``, and the replay is left as it was.
         """
-        try:
-            arrays = read_npz(path)
-            stamp = decode_stamp(arrays.pop(STAMP_KEY, None))
-            staged = self._stage(arrays)
-        except FILE_ERRORS as exc:
-            raise ValueError(f"{path}: unreadable replay file: {describe_error(exc)}") from None
-        self._apply_state(staged.state)
-        self._schema = staged.schema
-        self._storage = staged.storage
-        self._frame_refs, self._pool = {}, None
-        if staged.refs:
-            assert staged.frames is not None
-            self._load_frames(staged.refs, staged.frames)
-        self._commit_extra(staged.extra)
+        contents, stamp = read_replay(path, self._check_state, schema=self._schema if self._fixed else None,
+                                      priorities=self._file_priorities)
+        self._adopt(contents)
         return stamp
 
-    def _stage(self, arrays: dict[str, np.ndarray]) -> _Staged:
-        """Check every array and value of a replay file against this replay; change nothing."""
-        if STATE_KEY not in arrays:
-            raise ValueError(f"no {STATE_KEY!r} array")
-        state = decode_json(arrays.pop(STATE_KEY), STATE_KEY)
-        if not isinstance(state, dict):
-            raise ValueError(f"{STATE_KEY!r} is not a JSON object")
-        frame_schema = _parse_frame_schema(state.pop("frame_schema", {}))
-        checked = self._check_state(state)
-        storage = {n[len(STORAGE_PREFIX) :]: arrays.pop(n) for n in list(arrays) if n.startswith(STORAGE_PREFIX)}
-        refs = {n[len(REFS_PREFIX) :]: arrays.pop(n) for n in list(arrays) if n.startswith(REFS_PREFIX)}
-        for key, arr in {**storage, **refs}.items():
-            if arr.shape[:1] != (self._capacity,):
-                raise ValueError(f"key {key!r}: stored length {arr.shape[:1]} != capacity {self._capacity}")
-            if key in RESERVED_KEYS:
-                raise ValueError(f"key {key!r} is reserved for sample() output")
-        if sorted(refs) != sorted(frame_schema) or set(refs) & set(storage):
-            raise ValueError(f"frame keys {sorted(refs)} do not match the file's frame schema {sorted(frame_schema)}")
-        schema = {**{k: (tuple(a.shape[1:]), a.dtype) for k, a in storage.items()}, **frame_schema}
-        if self._fixed:
-            _match_schema(self._schema, schema, "file")
-        frames = arrays.pop(FRAMES_KEY, None)
-        if refs:
-            frames = self._check_frames(refs, frame_schema, frames, checked["size"])
-        return _Staged(checked, schema, storage, refs, frames, self._stage_extra(arrays, checked))
+    def _contents(self) -> ReplayContents:
+        """Storage and state as a file holds them (the arrays themselves, not copies)."""
+        frames = None if self._pool is None else self._pool.frames_at(np.arange(self._pool.high))  # raw or compressed
+        frame_schema = {k: v for k, v in self._schema.items() if k in self._frame_refs}
+        return ReplayContents(self.state_dict(), dict(self._storage), dict(self._frame_refs), frame_schema, frames)
 
-    def _check_frames(self, refs: dict[str, np.ndarray], frame_schema: _Layout,
-                      frames: np.ndarray | None, size: int) -> np.ndarray:
-        """Check a file's frame slots and frames; return the frames, each frame of the layout
-        :func:`~zmqrl.frames.frame_layout` gives (files that kept a whole item as one frame have
-        ``refs`` rewritten in place to slots of its frames)."""
-        if frames is None:
-            raise ValueError("the file has frame slots but no frames")
-        dtypes = {dtype for _, dtype in frame_schema.values()}
-        layouts = {key: frame_layout(shape) for key, (shape, _) in frame_schema.items()}
-        if len(dtypes) != 1 or len({fs for _, fs in layouts.values()}) != 1:
-            raise ValueError(f"frame keys {sorted(frame_schema)} differ in frame shape or dtype")
-        if not all(r.ndim == 2 and np.issubdtype(r.dtype, np.integer) for r in refs.values()):
-            raise ValueError("frame slots: expected one integer (capacity, frames per item) array per frame key")
-        frame_shape, dtype = next(iter(layouts.values()))[1], dtypes.pop()
-        whole = {key: r.shape[1] == 1 and layouts[key][0] > 1 for key, r in refs.items()}  # item-shaped frames
-        for key, r in refs.items():
-            if not whole[key] and r.shape[1] != layouts[key][0]:
-                raise ValueError(f"frame slots: {r.shape[1]} frames per item do not fit {key!r} items of shape "
-                                 f"{frame_schema[key][0]}")
-        if any(whole.values()):
-            if not all(whole.values()) or frames.shape[1:] != frame_schema[next(iter(refs))][0]:
-                raise ValueError(f"frames: {frames.shape[1:]} fit neither items nor frames of {frame_shape}")
-        elif frames.shape[1:] != frame_shape:
-            raise ValueError(f"frames: expected {frame_shape} {dtype}, got {frames.shape[1:]} {frames.dtype}")
-        if frames.dtype != dtype:
-            raise ValueError(f"frames: expected {dtype}, got {frames.dtype}")
-        live = np.concatenate([r[:size].reshape(-1) for r in refs.values()])
-        if live.size and (live.min() < 0 or live.max() >= frames.shape[0]):
-            raise ValueError(f"frame slots point outside the {frames.shape[0]} stored frames")
-        if any(whole.values()):
-            for key, r in refs.items():
-                per_item = layouts[key][0]
-                refs[key] = r.astype(np.int64) * per_item + np.arange(per_item)
-            frames = frames.reshape(-1, *frame_shape)
-        return frames
-
-    def _load_frames(self, refs: Mapping[str, np.ndarray], frames: np.ndarray) -> None:
-        self._use_frames({k: r.shape[1] for k, r in refs.items()}, reserve=max(frames.shape[0], 1))
-        assert self._pool is not None
-        live = np.concatenate([r[: self._size].reshape(-1) for r in refs.values()]).astype(np.int64)
-        refcount = np.bincount(live, minlength=frames.shape[0]).astype(np.int32)
-        self._pool.load(frames, refcount)
-        self._frame_refs = {k: np.ascontiguousarray(r, dtype=np.int32) for k, r in refs.items()}
-
-
-def _parse_schema(schema: Mapping[str, Any], allow_empty: bool = False) -> _Layout:
-    """``{key: (dtype, per-item shape)}`` as ``{key: (shape, np.dtype)}``, checked."""
-    if not schema and not allow_empty:
-        raise ValueError("schema must name at least one key")
-    out: _Layout = {}
-    for key, spec in schema.items():
-        if not isinstance(key, str) or key in RESERVED_KEYS:
-            raise ValueError(f"schema key {key!r}: keys must be strings other than {RESERVED_KEYS}")
-        try:
-            dtype_like, shape_like = spec
-            dtype = np.dtype(dtype_like)
-            shape = tuple(int(d) for d in shape_like)
-        except (TypeError, ValueError):
-            raise ValueError(f"schema key {key!r}: expected (dtype, per-item shape), got {spec!r}") from None
-        if dtype.hasobject or any(d < 0 for d in shape):
-            raise ValueError(f"schema key {key!r}: expected a plain dtype and non-negative dims, got {spec!r}")
-        out[key] = (shape, dtype)
-    return out
-
-
-def _parse_frame_schema(raw: Any) -> _Layout:
-    """The ``frame_schema`` of a file's state: ``{key: [shape, dtype string]}``."""
-    try:
-        return _parse_schema({k: (dtype, shape) for k, (shape, dtype) in raw.items()}, allow_empty=True)
-    except (AttributeError, TypeError, ValueError):
-        raise ValueError(f"frame_schema: expected {{key: [shape, dtype]}}, got {str(raw)[:80]}") from None
-
-
-def _match_schema(expected: _Layout, got: _Layout, what: str) -> None:
-    """Raise ``ValueError`` naming the first key whose presence, dtype or per-item shape differs."""
-    missing = sorted(set(expected) - set(got))
-    extra = sorted(set(got) - set(expected))
-    if missing:
-        raise ValueError(f"{what} is missing key {missing[0]!r} (expected keys {sorted(expected)})")
-    if extra:
-        raise ValueError(f"{what} has unexpected key {extra[0]!r} (expected keys {sorted(expected)})")
-    for key, (shape, dtype) in got.items():
-        want_shape, want_dtype = expected[key]
-        if shape != want_shape:
-            raise ValueError(f"key {key!r}: expected per-item shape {want_shape}, got {shape}")
-        if dtype != want_dtype:
-            raise ValueError(f"key {key!r}: expected dtype {want_dtype}, got {dtype}")
+    def _adopt(self, contents: ReplayContents) -> None:
+        """Take the checked contents of a file in place of this replay's own."""
+        self._apply_state(contents.state)
+        self._schema = contents.schema
+        self._storage = contents.storage
+        self._frame_refs, self._pool = {}, None
+        if contents.frame_refs:
+            assert contents.frames is not None
+            refs = contents.frame_refs
+            self._use_frames({k: r.shape[1] for k, r in refs.items()}, reserve=max(contents.frames.shape[0], 1))
+            assert self._pool is not None
+            self._pool.load(contents.frames, contents.frame_refcounts())
+            self._frame_refs = {k: np.ascontiguousarray(r, dtype=np.int32) for k, r in refs.items()}
 
 
 def _priorities(priorities: np.ndarray | None, n: int) -> np.ndarray | None:
@@ -571,6 +415,6 @@ def _priorities(priorities: np.ndarray | None, n: int) -> np.ndarray | None:
     return prio
 
 
-def _image_fields(schema: _Layout) -> tuple[str, ...]:
+def _image_fields(schema: Layout) -> tuple[str, ...]:
     """The keys of a stored layout whose frames a frame pool keeps once (:func:`~zmqrl.frames.image_fields`)."""
     return image_fields({k: (dtype, shape) for k, (shape, dtype) in schema.items()}, FRAME_KEYS)

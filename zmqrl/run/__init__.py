@@ -1,2 +1,2 @@
-"""One run's machinery: start-up, the acting loop, single-process training, bookkeeping, checkpoints,
+"""One run's machinery: start-up, the acting loop and its adders, single-process training, bookkeeping, checkpoints,
 records, lifecycle and the run directory."""

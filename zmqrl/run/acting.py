@@ -27,9 +27,8 @@ from zmqrl.core import ReusesActingValues
 from zmqrl.envs.factory import make_stepper, spaces
 from zmqrl.envs.state import capture_object, plan_restore
 from zmqrl.envs.stepper import Step
-from zmqrl.replay import NStepBuilder
-from zmqrl.replay.nstep import ENV, FIRST_VALUES
 from zmqrl.run import checkpoint
+from zmqrl.run.adders import ENV_ID, FIRST_VALUES, NStepBuilder
 from zmqrl.run.checkpoint import CheckpointError
 
 if TYPE_CHECKING:
@@ -169,12 +168,12 @@ class ActingLoop:
         ready = []
         if self._waiting is not None:
             waiting, self._waiting = self._waiting, None
-            here = np.ones(len(waiting[ENV]), dtype=bool) if acted is None else np.isin(waiting[ENV], acted)
+            here = np.ones(len(waiting[ENV_ID]), dtype=bool) if acted is None else np.isin(waiting[ENV_ID], acted)
             if not here.all():
                 self._waiting = {key: value[~here] for key, value in waiting.items()}
                 waiting = {key: value[here] for key, value in waiting.items()}
             if here.any():
-                ready.append(self._with_priority(waiting, self._env_values[waiting[ENV]]))
+                ready.append(self._with_priority(waiting, self._env_values[waiting[ENV_ID]]))
         rows_envs = every if step.env_ids is None else step.env_ids  # the env of each row of the step
         new = self.nstep.push(step.obs, step.action, step.reward, step.next_obs, step.terminated,
                               step.truncated, values=self._env_values[rows_envs], valid=step.valid,
@@ -182,7 +181,7 @@ class ActingLoop:
         if new is not None:
             row_of = np.empty(self.num_envs, dtype=np.int64)
             row_of[rows_envs] = np.arange(len(rows_envs))
-            ended = (step.terminated | step.truncated)[row_of[new[ENV]]]
+            ended = (step.terminated | step.truncated)[row_of[new[ENV_ID]]]
             if ended.all():
                 ready.append(self._with_priority(new, self._final_values(new, step.next_obs, row_of)))
             elif not ended.any():
@@ -206,7 +205,7 @@ class ActingLoop:
         boot = np.zeros_like(first)
         truncated = ended["discount"] > 0
         if truncated.any():
-            envs, row = np.unique(ended[ENV][truncated], return_inverse=True)
+            envs, row = np.unique(ended[ENV_ID][truncated], return_inverse=True)
             boot[truncated] = self.reuse.values(next_obs[row_of[envs]])[row]
         return boot
 
@@ -214,7 +213,7 @@ class ActingLoop:
         """``batch`` without the builder's extra keys, with the priorities of its values."""
         assert self.reuse is not None
         first = batch.pop(FIRST_VALUES)
-        del batch[ENV]
+        del batch[ENV_ID]
         batch["priority"] = self.reuse.priorities_from_values(batch, first, boot)
         return batch
 

@@ -1,12 +1,12 @@
 """A hostile peer of a running job: every kind of bad message that was reported, paced, in turn.
 
 (One module past 450 lines: each attack kind reads beside the client state it drives; the messages
-themselves are built in :mod:`zmqrl.bench.hostile_messages`.)
+themselves are built in :mod:`hostile.messages`.)
 
-``zmqrl soak --hostile`` starts it against a ``zmqrl local`` job; it can also be run by hand
-against any CartPole job whose run directory it can read::
+The hostile soak (:mod:`hostile.soak`) starts it against a ``zmqrl local`` job; it can also be run
+by hand, from a checkout, against any CartPole job whose run directory it can read::
 
-    python -m zmqrl.bench.hostile configs/cartpole_dqn.yaml --run-dir runs/x --seconds 120
+    python tests/hostile client configs/cartpole_dqn.yaml --run-dir runs/x --seconds 120
 
 It reads the addresses from ``RUN_DIR/endpoints.json`` (the learner's ``data`` and ``eval``
 sockets, the proxy's ``bind``) and, for ``--seconds``, gives each attack kind ``--slot-s``
@@ -38,19 +38,19 @@ from urllib.parse import urlsplit
 import numpy as np
 import zmq
 
-from zmqrl.bench.hostile_messages import (
+from batches import CARTPOLE_N
+from hostile.messages import (
     Array,
-    N,
     arrays_of,
     bad_value_batches,
     batch_meta,
-    cartpole_batch,
     forged_eval_frames,
     junk_bytes,
     long_name,
     many_frames_message,
     message,
     number_metas,
+    sane_arrays,
     zero_shape_arrays,
 )
 from zmqrl.roles.net import new_context, options
@@ -217,7 +217,7 @@ def meta_numbers(h: Hostile) -> Gen:
         for kind, meta in number_metas():
             if kind == BATCH:
                 for target in DATA_TARGETS:
-                    h.send_batch(target, arrays_of(cartpole_batch(h.rng)), meta)
+                    h.send_batch(target, sane_arrays(h.rng), meta)
                     yield 1
             elif kind == STATS:
                 h.send_batch(LEARNER_DATA, [], meta, kind=STATS)
@@ -244,7 +244,7 @@ def bad_values(h: Hostile) -> Gen:
     steps = 0
     while True:
         for _, batch in bad_value_batches(h.rng):
-            steps += N
+            steps += CARTPOLE_N
             for target in DATA_TARGETS:
                 h.send_batch(target, arrays_of(batch), batch_meta(steps))
                 yield 1
@@ -300,8 +300,8 @@ def flood(h: Hostile) -> Gen:
     allows, heeding no pause."""
     steps = 0
     while True:
-        steps += N
-        h.send_batch(PROXY, arrays_of(cartpole_batch(h.rng)), batch_meta(steps), sender="hostile-flood")
+        steps += CARTPOLE_N
+        h.send_batch(PROXY, sane_arrays(h.rng), batch_meta(steps), sender="hostile-flood")
         yield 1
 
 
@@ -326,13 +326,13 @@ def seq_hijack(h: Hostile) -> Gen:
     while True:
         for name, inc in h.real_actors():
             for target in DATA_TARGETS:
-                h.send_batch(target, arrays_of(cartpole_batch(h.rng)), batch_meta(0), sender=name, inc=inc,
+                h.send_batch(target, sane_arrays(h.rng), batch_meta(0), sender=name, inc=inc,
                              seq=MAX_SEQ)
                 yield 1
         for twin in (*twins, *twins):
             steps += TWIN_STEP
             for target in DATA_TARGETS:
-                h.send_batch(target, arrays_of(cartpole_batch(h.rng)), batch_meta(steps),
+                h.send_batch(target, sane_arrays(h.rng), batch_meta(steps),
                              sender=f"hostile-twin@{target}", inc=twin)
                 yield 1
 
@@ -440,12 +440,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m zmqrl.bench.hostile CONFIG --run-dir RUN --seconds N ...``; 0 once the time is up or on
+    """``python tests/hostile client CONFIG --run-dir RUN --seconds N ...``; 0 once the time is up or on
     SIGTERM, 2 for bad arguments or config, 1 when the job's endpoints never appeared."""
     from zmqrl.config import ConfigError, load
     from zmqrl.run.lifecycle import StopFlag
 
-    parser = argparse.ArgumentParser(prog="python -m zmqrl.bench.hostile", description=HELP)
+    parser = argparse.ArgumentParser(prog="python tests/hostile client", description=HELP)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -480,7 +480,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hostile: {kind:<15} sent {c['sent']:>8}  unsent {c['unsent']:>6}  errors {c['errors']:>4}"
               + (f"  ({c['last_error']})" if c.get("last_error") else ""), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zmqrl.replay import NStepBuilder
+from zmqrl.run.adders import NStepBuilder
 
 KEYS = ("obs", "action", "reward", "next_obs", "discount")
 

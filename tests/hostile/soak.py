@@ -1,10 +1,10 @@
-"""``zmqrl soak --hostile``: a soak (:mod:`zmqrl.bench.soak`) that proves one message never crashes,
-corrupts or ends a run.
+"""The hostile soak: a soak (:mod:`zmqrl.bench.soak`) that proves one message never crashes, corrupts
+or ends a run. It takes ``zmqrl soak``'s flags and its own (:func:`add_arguments`).
 
 For CartPole-v1 configs. Once the learner trains, a quiet phase (``--quiet-s``, default a third of ``--minutes``, at
 least 30 s) measures the honest actors' intake (transitions the learner took in from ``actor-*`` per
 second, from ``summary.json``, on the learner's own clock) and its opt steps/s; then the hostile client
-(:mod:`zmqrl.bench.hostile`, its own process at the lowest CPU priority) sends every kind of bad message
+(:mod:`hostile.client`, its own process at the lowest CPU priority) sends every kind of bad message
 for the rest of ``--minutes``, which count from the first optimisation step. The report adds, per attack
 kind, the messages sent; what the learner and the proxy refused, by reason; each role alive or not at the
 end, with any exit code, the attack then under way and the exception its log names; memory growth over
@@ -13,7 +13,7 @@ phase's); and the learner's stop reason before the soak stopped it (it must stil
 goes to ``soak.json`` under ``hostile``. Only a role that died, or a job that did not stop cleanly (or
 never trained), makes the exit code non-zero: the other figures are reported, not judged.
 
-    zmqrl soak configs/cartpole_dqn.yaml --hostile --minutes 10 --actors 2
+    python tests/hostile soak configs/cartpole_dqn.yaml --minutes 10 --actors 2
 
 The job runs with ``trainer.stop_return=null`` like any soak, so an evaluation cannot end it unless
 ``--set trainer.stop_return=...`` asks for that (an honest one of 500 then ends it too); the report says
@@ -32,11 +32,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hostile.client import parse_kinds
 from zmqrl.bench.harness import Proc
 from zmqrl.bench.procfs import alive, read_text
-from zmqrl.bench.soak import ROLE_WAIT_S, Soak, growth_table
+from zmqrl.bench.soak import ROLE_WAIT_S, Soak, growth_table, job_from_args
+from zmqrl.bench.soak import add_arguments as add_soak_arguments
+from zmqrl.config import ConfigError
 from zmqrl.run.rundir import read_json
 
+HELP = "Run a distributed job, attack it after a quiet phase, and report what it refused and what it kept."
+PACKAGE = Path(__file__).resolve().parent  # ``python PACKAGE client ...`` starts the client
 HOSTILE_FILE = "hostile.json"  # the hostile client's counts, in the run directory
 TRAIN_WAIT_S = 180.0  # how long the learner may take to start training once the roles are up
 MIN_QUIET_S = 30.0
@@ -108,7 +113,7 @@ def error_line(path: Path) -> str | None:
 
 class HostileSoak(Soak):
     """The soak with a hostile client: once the learner trains, ``quiet_s`` seconds measure the honest
-    actors' intake alone; then :mod:`zmqrl.bench.hostile` attacks for the rest of ``duration_s``."""
+    actors' intake alone; then :mod:`hostile.client` attacks for the rest of ``duration_s``."""
 
     def __init__(self, argv: list[str], run_dir: Path, expected: list[str], duration_s: float, interval_s: float,
                  quiet_s: float, hostile_argv: list[str], echo: Callable[[str], None] = print) -> None:
@@ -293,26 +298,53 @@ def format_hostile(h: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def hostile_soak(args: argparse.Namespace, cfg: Any, argv: list[str], run_dir: Path, expected: list[str],
-                 duration: float) -> HostileSoak:
-    """The :class:`HostileSoak` the ``--hostile`` flags describe (ConfigError for ones that cannot work)."""
-    from zmqrl.bench.hostile import parse_kinds
-    from zmqrl.config import ConfigError
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``zmqrl soak``'s flags and the attack's."""
+    add_soak_arguments(p)
+    g = p.add_argument_group("attack", "once the learner trains, a quiet phase measures the honest actors' intake, "
+                             "then the hostile client sends every kind of bad message for the rest of --minutes "
+                             "(counted from the first optimisation step)")
+    g.add_argument("--quiet-s", type=float, default=None,
+                   help="seconds of quiet phase (default: a third of --minutes, at least 30)")
+    g.add_argument("--rate", type=float, default=300.0,
+                   help="the hostile client's messages per second, all kinds together (default 300)")
+    g.add_argument("--kinds", default="all", help="comma-separated attack kinds (default all)")
+    g.add_argument("--slot-s", type=float, default=2.0, help="seconds per attack kind per turn (default 2)")
+    g.add_argument("--many-frames", type=int, default=200_000,
+                   help="frames in the many_frames attack's message (default 200000)")
 
-    if cfg.env.id != "CartPole-v1":
-        raise ConfigError(f"--hostile sends CartPole-v1 batches; this config's env.id is {cfg.env.id!r}")
+
+def hostile_soak(args: argparse.Namespace) -> HostileSoak:
+    """The :class:`HostileSoak` the flags describe (ConfigError for ones that cannot work)."""
+    job = job_from_args(args)
+    if job.cfg.env.id != "CartPole-v1":
+        raise ConfigError(f"the hostile client sends CartPole-v1 batches; this config's env.id is {job.cfg.env.id!r}")
     try:
-        kinds = parse_kinds(args.hostile_kinds)
+        kinds = parse_kinds(args.kinds)
     except ValueError as exc:
-        raise ConfigError(f"--hostile-kinds: {exc}") from None
-    quiet = default_quiet_s(duration) if args.quiet_s is None else args.quiet_s
-    if quiet <= 0 or duration - quiet < MIN_HOSTILE_S:
-        raise ConfigError(f"--minutes {args.minutes:g} leaves {duration - quiet:.0f}s of attacks after a {quiet:.0f}s "
-                          f"quiet phase; at least {MIN_HOSTILE_S:.0f}s are needed")
-    if args.hostile_rate <= 0 or args.hostile_slot_s <= 0 or args.many_frames < 2:
-        raise ConfigError("--hostile-rate and --hostile-slot-s must be > 0, --many-frames >= 2")
-    client = [sys.executable, "-m", "zmqrl.bench.hostile", args.config, "--run-dir", str(run_dir),
-              "--rate", f"{args.hostile_rate:g}", "--slot-s", f"{args.hostile_slot_s:g}", "--kinds", ",".join(kinds),
-              "--many-frames", str(args.many_frames), "--out", str(run_dir / HOSTILE_FILE),
+        raise ConfigError(f"--kinds: {exc}") from None
+    quiet = default_quiet_s(job.duration_s) if args.quiet_s is None else args.quiet_s
+    if quiet <= 0 or job.duration_s - quiet < MIN_HOSTILE_S:
+        raise ConfigError(f"--minutes {args.minutes:g} leaves {job.duration_s - quiet:.0f}s of attacks after a "
+                          f"{quiet:.0f}s quiet phase; at least {MIN_HOSTILE_S:.0f}s are needed")
+    if args.rate <= 0 or args.slot_s <= 0 or args.many_frames < 2:
+        raise ConfigError("--rate and --slot-s must be > 0, --many-frames >= 2")
+    client = [sys.executable, str(PACKAGE), "client", args.config, "--run-dir", str(job.run_dir),
+              "--rate", f"{args.rate:g}", "--slot-s", f"{args.slot_s:g}", "--kinds", ",".join(kinds),
+              "--many-frames", str(args.many_frames), "--out", str(job.run_dir / HOSTILE_FILE),
               *[a for o in args.overrides for a in ("--set", o)]]
-    return HostileSoak(argv, run_dir, expected, duration, args.interval_s, quiet, client)
+    return HostileSoak(job.argv, job.run_dir, job.expected, job.duration_s, args.interval_s, quiet, client)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/hostile soak CONFIG --minutes N ...``: 0 when every role stayed up and the job stopped
+    cleanly, 1 otherwise, 2 for flags or a config that cannot work."""
+    parser = argparse.ArgumentParser(prog="python tests/hostile soak", description=HELP)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        soak = hostile_soak(args)
+    except ConfigError as exc:
+        print(f"hostile soak: config error: {exc}", file=sys.stderr)
+        return 2
+    return soak.run()

@@ -1,4 +1,4 @@
-"""The hostile client's messages (see :mod:`zmqrl.bench.hostile`): CartPole-v1 batches, headers written by hand
+"""The hostile client's messages (see :mod:`hostile.client`): CartPole-v1 batches, headers written by hand
 where they must hold numbers Python's ``json`` cannot (:class:`Literal`), and each attack kind's bad payload."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from batches import CARTPOLE_N, cartpole_batch
 from zmqrl.wire import (
     BATCH,
     EVAL,
@@ -20,9 +21,7 @@ from zmqrl.wire import (
 
 NAN = float("nan")
 CARTPOLE_MAX_RETURN = 500.0
-N = 64  # rows per batch (the shipped CartPole config's actor.n_buffer)
 NAME_CHARS = 250  # long_names: characters per sender name
-
 
 
 class Literal:
@@ -66,15 +65,14 @@ def message(kind: str, sender: str, inc: str, seq: int, ver: int, arrays: list[A
     return [dumps(header).encode(), *[data for *_, data in arrays]]
 
 
-def cartpole_batch(rng: np.random.Generator, n: int = N, priority: bool = True) -> dict[str, np.ndarray]:
-    """A CartPole-v1 batch that fits the run's batch spec, with sane values."""
-    batch: dict[str, np.ndarray] = {
-        "obs": rng.standard_normal((n, 4)).astype(np.float32), "action": rng.integers(0, 2, n, dtype=np.int64),
-        "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
-        "discount": np.full(n, 0.97, np.float32)}
-    if priority:
-        batch["priority"] = np.ones(n, np.float32)
-    return batch
+def sane_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A CartPole-v1 batch of :data:`~batches.CARTPOLE_N` that fits the run's batch spec, with sane values."""
+    return cartpole_batch(CARTPOLE_N, rng, priority=1.0)
+
+
+def sane_arrays(rng: np.random.Generator) -> list[Array]:
+    """:func:`sane_batch` as header entries and bytes."""
+    return arrays_of(sane_batch(rng))
 
 
 def batch_meta(env_steps: int, **extra: Any) -> dict[str, Any]:
@@ -102,7 +100,7 @@ def number_metas() -> list[tuple[str, dict[str, Any]]]:
 
 def zero_shape_arrays(rng: np.random.Generator) -> list[Array]:
     """A CartPole batch plus an array declared [0, 2**62]: zero bytes, an impossible shape."""
-    return [*arrays_of(cartpole_batch(rng)), ("pad", "<f4", [0, 2**62], b"")]
+    return [*sane_arrays(rng), ("pad", "<f4", [0, 2**62], b"")]
 
 
 def bad_value_batches(rng: np.random.Generator) -> list[tuple[str, dict[str, np.ndarray]]]:
@@ -110,8 +108,8 @@ def bad_value_batches(rng: np.random.Generator) -> list[tuple[str, dict[str, np.
     out = []
     for what, key, value in (("action 7", "action", 7), ("NaN reward", "reward", NAN), ("NaN obs", "obs", NAN),
                              ("NaN priority", "priority", NAN), ("inf priority", "priority", np.inf)):
-        batch = cartpole_batch(rng)
-        batch[key][N // 2] = value
+        batch = sane_batch(rng)
+        batch[key][CARTPOLE_N // 2] = value
         out.append((what, batch))
     return out
 

@@ -1,4 +1,4 @@
-"""Per-env n-step transition assembly for vectorised environments."""
+"""Per-env n-step transition assembly for vectorised environments, on the acting side."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import numpy as np
 
 Batch = dict[str, np.ndarray]
 
-# Extra keys of the transitions of a push that brings ``values`` (see NStepBuilder.push).
-FIRST_VALUES = "first_values"  # the values given with each transition's first step
-ENV = "env"  # the env each transition comes from
+# The fields a push that brings ``values`` adds to each transition, beside obs, action, reward,
+# next_obs and discount (see NStepBuilder.push):
+FIRST_VALUES = "first_values"  # the values given with the transition's first step (leading dim: transitions)
+ENV_ID = "env_id"  # the index of the env the transition comes from (int64)
 
 
 class NStepBuilder:
@@ -78,7 +79,7 @@ class NStepBuilder:
 
         ``values`` (leading dim ``num_envs``): given on every push or on none. With them, each
         transition also carries :data:`FIRST_VALUES` (the values of its first step) and
-        :data:`ENV` (its env's index).
+        :data:`ENV_ID` (its env's index).
 
         ``valid`` (bool per env, default all): envs whose row is no step of theirs (an env that
         was resetting, its episode having ended the push before); their rows are ignored. Such an
@@ -204,7 +205,7 @@ class NStepBuilder:
         }
         if self._values is not None:
             batch[FIRST_VALUES] = self._values[oldest, envs]
-            batch[ENV] = envs
+            batch[ENV_ID] = envs
         return batch
 
     def _flush(self, slot: int, env: int, final_obs: np.ndarray, terminated: bool) -> Batch:
@@ -224,7 +225,7 @@ class NStepBuilder:
         }
         if self._values is not None:
             batch[FIRST_VALUES] = self._values[order, env]
-            batch[ENV] = np.full(c, env, dtype=np.int64)
+            batch[ENV_ID] = np.full(c, env, dtype=np.int64)
         return batch
 
     def _per_env(self, name: str, x: np.ndarray) -> np.ndarray:

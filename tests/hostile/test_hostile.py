@@ -1,5 +1,5 @@
-"""``zmqrl soak --hostile``: the hostile client's messages are what they claim, it reaches every target,
-and a real job under attack keeps every role alive and its honest actors' data flowing.
+"""The hostile soak (test equipment, :mod:`hostile`): the hostile client's messages are what they claim, it
+reaches every target, and a real job under attack keeps every role alive and its honest actors' data flowing.
 
 - The message builders: the zero-shape array really declares [0, 2**62]; NaN, 1e400 and 10**400
   really are in the header bytes; bad values fit the batch spec; the forged report claims 500.
@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 import zmq
 
-from zmqrl.bench import hostile, soak, soak_hostile
-from zmqrl.bench import hostile_messages as msgs
+from batches import CARTPOLE_N
+from hostile import client, soak
+from hostile import messages as msgs
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import BATCH, EVAL, HELLO, PACK_MAGIC, STATS, decode
 
@@ -96,7 +97,7 @@ def test_bad_values_fit_the_batch_spec_and_carry_exactly_their_fault() -> None:
     assert set(batches) == {"action 7", "NaN reward", "NaN obs", "NaN priority", "inf priority"}
     for what, batch in batches.items():
         assert {k: (a.dtype.str, list(a.shape[1:])) for k, a in batch.items()} == CARTPOLE_SPEC, what
-        assert all(len(a) == msgs.N for a in batch.values())
+        assert all(len(a) == CARTPOLE_N for a in batch.values())
     assert batches["action 7"]["action"].max() == 7 and set(np.unique(batches["NaN reward"]["action"])) <= {0, 1}
     assert np.isnan(batches["NaN reward"]["reward"]).sum() == 1
     assert np.isnan(batches["NaN obs"]["obs"]).any() and np.isfinite(batches["NaN obs"]["next_obs"]).all()
@@ -115,7 +116,7 @@ def test_a_forged_evaluation_is_well_formed_and_claims_cartpoles_best_return() -
 def test_long_names_are_distinct_printable_and_250_characters() -> None:
     names = [msgs.long_name(i) for i in (0, 1, 10**9)]
     assert len(set(names)) == 3 and all(len(n) == 250 and n.isprintable() for n in names)
-    msg = decode(hostile.encode_hello(names[0], "inc", 0, {"role": "actor"}))
+    msg = decode(client.encode_hello(names[0], "inc", 0, {"role": "actor"}))
     assert (msg.kind, msg.sender) == (HELLO, names[0])
 
 
@@ -126,10 +127,10 @@ def test_the_many_frames_message_has_that_many_two_byte_frames() -> None:
 
 
 def test_kinds_are_parsed_by_name() -> None:
-    assert hostile.parse_kinds("all") == list(hostile.KINDS) and len(hostile.KINDS) == 11
-    assert hostile.parse_kinds(" flood, zero_shape ") == ["flood", "zero_shape"]
+    assert client.parse_kinds("all") == list(client.KINDS) and len(client.KINDS) == 11
+    assert client.parse_kinds(" flood, zero_shape ") == ["flood", "zero_shape"]
     with pytest.raises(ValueError, match="nope"):
-        hostile.parse_kinds("flood,nope")
+        client.parse_kinds("flood,nope")
 
 
 # --- the client against bare sockets ------------------------------------------------------------------
@@ -152,7 +153,7 @@ def test_the_client_sends_every_kind_to_its_targets(tmp_path: Path) -> None:
             "proxy": {"bind": addresses["proxy"]}}))
         (run / "summary.json").write_text(json.dumps({"actors": {"actor-0": {"incarnation": "0123abcd"}},
                                                       "model_version": 5}))
-        proc = subprocess.Popen([sys.executable, "-m", "zmqrl.bench.hostile", str(CONFIG), "--run-dir", str(run),
+        proc = subprocess.Popen([sys.executable, str(soak.PACKAGE), "client", str(CONFIG), "--run-dir", str(run),
                                  "--seconds", "4", "--slot-s", "0.3", "--many-frames", "1000"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         got: dict[str, list[list[bytes]]] = {name: [] for name in pulls}
@@ -178,8 +179,8 @@ def test_the_client_sends_every_kind_to_its_targets(tmp_path: Path) -> None:
         ctx.destroy(linger=0)
     report = read_json(run / "hostile.json")
     assert report is not None and report["finished"], out
-    assert report["order"] == list(hostile.KINDS)
-    for kind in hostile.KINDS:
+    assert report["order"] == list(client.KINDS)
+    for kind in client.KINDS:
         assert report["kinds"][kind]["sent"] > 0, (kind, report["kinds"][kind], out)
         assert report["kinds"][kind]["errors"] == 0, (kind, report["kinds"][kind])
     data = [h for h in map(header_of, got["data"]) if h]
@@ -199,7 +200,7 @@ def test_the_client_sends_every_kind_to_its_targets(tmp_path: Path) -> None:
 # --- the soak's arithmetic -------------------------------------------------------------------------------
 
 def sample(t: float, wall: float, transitions: int, opt_steps: int) -> dict[str, Any]:
-    s = soak_hostile.learner_sample(t, {"wall_s": wall, "opt_steps": opt_steps, "actors": {
+    s = soak.learner_sample(t, {"wall_s": wall, "opt_steps": opt_steps, "actors": {
         "actor-0": {"transitions": transitions}, "hostile-flood": {"transitions": 10**6}}})
     assert s is not None
     return s
@@ -208,36 +209,36 @@ def sample(t: float, wall: float, transitions: int, opt_steps: int) -> dict[str,
 def test_rates_are_timed_by_the_learner_and_count_only_honest_actors() -> None:
     samples = [sample(10, 5.0, 0, 0), sample(12, 7.0, 1000, 200), sample(20, 15.0, 5000, 1000),
                sample(30, 25.0, 6000, 1500)]
-    quiet = soak_hostile.rates(samples, 11, 20)
+    quiet = soak.rates(samples, 11, 20)
     assert quiet is not None and quiet["actors"] == {"actor-0": 500.0} and quiet["all"] == 500.0
     assert quiet["opt_steps_per_s"] == 100.0 and quiet["seconds"] == 8.0
-    attacked = soak_hostile.rates(samples, 20, 40)
+    attacked = soak.rates(samples, 20, 40)
     assert attacked is not None and attacked["all"] == 100.0
-    assert soak_hostile.kept(quiet["all"], attacked["all"]) == 0.2
-    assert soak_hostile.kept(0.0, 5.0) is None and soak_hostile.kept(None, 1.0) is None
-    assert soak_hostile.rates(samples, 25, 40) is None  # one sample is no rate
+    assert soak.kept(quiet["all"], attacked["all"]) == 0.2
+    assert soak.kept(0.0, 5.0) is None and soak.kept(None, 1.0) is None
+    assert soak.rates(samples, 25, 40) is None  # one sample is no rate
 
 
 def test_an_exit_is_laid_to_the_attack_then_under_way_and_its_exception_found(tmp_path: Path) -> None:
     timeline = [[100.0, "meta_numbers"], [102.0, "zero_shape"], [104.0, "bad_values"]]
-    assert soak_hostile.kind_at(timeline, 99.0) is None
-    assert soak_hostile.kind_at(timeline, 103.5) == "zero_shape"
-    assert soak_hostile.kind_at(timeline, 200.0) == "bad_values"
+    assert soak.kind_at(timeline, 99.0) is None
+    assert soak.kind_at(timeline, 103.5) == "zero_shape"
+    assert soak.kind_at(timeline, 200.0) == "bad_values"
     log = tmp_path / "learner.log"
     log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
                    "ValueError: array is too big\nlocal: learner exited\n")
-    assert soak_hostile.error_line(log) == "ValueError: array is too big"
-    assert soak_hostile.error_line(tmp_path / "missing.log") is None
+    assert soak.error_line(log) == "ValueError: array is too big"
+    assert soak.error_line(tmp_path / "missing.log") is None
 
 
 @pytest.mark.parametrize("args, named", [
     (["--minutes", "0.5"], "leaves 0s of attacks after a 30s quiet phase"),
-    (["--minutes", "1", "--hostile-kinds", "flood,nope"], "unknown attack kind"),
+    (["--minutes", "1", "--kinds", "flood,nope"], "unknown attack kind"),
     (["--minutes", "1", "--set", "env.id=Acrobot-v1"], "CartPole-v1"),
 ])
 def test_the_hostile_flags_are_checked_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                               args: list[str], named: str) -> None:
-    assert soak.main([str(CONFIG), "--hostile", "--run-dir", str(tmp_path / "run"), *args]) == 2
+    assert soak.main([str(CONFIG), "--run-dir", str(tmp_path / "run"), *args]) == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -248,14 +249,14 @@ def test_the_hostile_flags_are_checked_before_anything_starts(tmp_path: Path, ca
 @pytest.mark.timeout(480)
 def test_a_job_under_attack_keeps_every_role_and_its_honest_intake(tmp_path: Path) -> None:
     run_dir = tmp_path / "soak"
-    argv = [sys.executable, "-m", "zmqrl.cli", "soak", str(CONFIG), "--hostile", "--minutes", "1", "--actors", "1",
+    argv = [sys.executable, str(soak.PACKAGE), "soak", str(CONFIG), "--minutes", "1", "--actors", "1",
             "--interval-s", "2", "--run-dir", str(run_dir), "--set", "run.seed=3"]
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=420)
     tail = proc.stdout[-6000:]
     report = read_json(run_dir / "soak.json")
     assert report is not None, f"no soak.json (exit code {proc.returncode})\n{tail}"
     h = report["hostile"]
-    for kind in hostile.KINDS:
+    for kind in client.KINDS:
         assert (h["kinds"].get(kind) or {}).get("sent", 0) > 0, (kind, tail)
     quiet, attacked = h["throughput"]["quiet"], h["throughput"]["hostile"]
     assert quiet is not None and quiet["all"] > 0, tail
