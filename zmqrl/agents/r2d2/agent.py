@@ -41,8 +41,9 @@ def rescale(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def inverse_rescale(y: torch.Tensor, eps: float) -> torch.Tensor:
-    """The exact inverse of :func:`rescale`."""
-    root = (torch.sqrt(1.0 + 4.0 * eps * (y.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)
+    """The exact inverse of :func:`rescale` (:func:`zmqrl.agents.r2d2.sequences.inverse_rescale` in torch)."""
+    a = y.abs() + 1.0 + eps
+    root = 2.0 * a / (torch.sqrt(1.0 + 4.0 * eps * a) + 1.0)
     return torch.sign(y) * (root * root - 1.0)
 
 

@@ -98,8 +98,8 @@ class NumpyR2D2Policy:
         self.torso = stack_layers(params, "torso", len(self.cfg.hidden))
         w_ih = np.asarray(params["lstm.weight_ih_l0"], dtype=np.float32)
         w_hh = np.asarray(params["lstm.weight_hh_l0"], dtype=np.float32)
-        self.w_x = np.ascontiguousarray(w_ih.T)  # (F, 4H)
-        self.w_h = np.ascontiguousarray(w_hh.T)  # (H, 4H)
+        self.w_x = np.array(w_ih.T, order="C")  # (F, 4H), a copy
+        self.w_h = np.array(w_hh.T, order="C")  # (H, 4H), a copy
         self.bias = (np.asarray(params["lstm.bias_ih_l0"], dtype=np.float64)
                      + np.asarray(params["lstm.bias_hh_l0"], dtype=np.float64)).astype(np.float32)
         self.streams: dict[str, list[Layer]] = {}
