@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,7 +106,7 @@ def reference(episodes: list[Episode], shape: Shape) -> dict[str, np.ndarray]:
             complete = start + length <= last
             if not complete and not (ep.ended and (ep.terminated or start < last)):
                 continue  # still open when the simulation stopped, or a truncated episode's last step alone
-            item = {"obs": np.zeros((steps, 3), np.float32), "action": np.zeros(steps, np.int64),
+            item: dict[str, np.ndarray] = {"obs": np.zeros((steps, 3), np.float32), "action": np.zeros(steps, np.int64),
                     "reward": np.zeros(steps, np.float32), "discount": np.zeros(steps, np.float32),
                     "mask": np.zeros(steps, np.float32)}
             for row in range(steps):
@@ -255,8 +256,9 @@ def test_image_observations_keep_their_dtype_and_outputs_do_not_alias_the_rings(
 
 def test_input_validation() -> None:
     adder = SequenceAdder(2, burn_in=1, sequence_length=2, overlap=1, gamma=0.9)
-    ok = {"obs": np.zeros((2, 3), np.float32), "action": np.zeros(2, np.int64), "reward": np.zeros(2, np.float32),
-          "terminated": np.zeros(2, bool), "truncated": np.zeros(2, bool), "state": np.zeros((2, 2, 4), np.float32)}
+    ok: dict[str, Any] = {
+        "obs": np.zeros((2, 3), np.float32), "action": np.zeros(2, np.int64), "reward": np.zeros(2, np.float32),
+        "terminated": np.zeros(2, bool), "truncated": np.zeros(2, bool), "state": np.zeros((2, 2, 4), np.float32)}
     adder.push(**ok)
     with pytest.raises(ValueError, match="valid"):
         adder.push(**ok, valid=np.array([True, False]))  # env 1 is in the middle of an episode
@@ -272,9 +274,10 @@ def test_input_validation() -> None:
         adder.push(**{**ok, "state": np.zeros((2, 2, 5), np.float32)})
     with pytest.raises(ValueError, match="obs"):
         adder.push(**{**ok, "obs": np.zeros((2, 3), np.float64)})
-    for bad in ({"sequence_length": 0}, {"overlap": 2}, {"burn_in": -1}):
+    for bad in ({"sequence_length": 0}, {"overlap": 2}, {"burn_in": -1}, {"gamma": 1.5}):
+        layout: dict[str, Any] = {"burn_in": 1, "sequence_length": 2, "overlap": 1, "gamma": 0.9, **bad}
         with pytest.raises(ValueError):
-            SequenceAdder(2, **{"burn_in": 1, "sequence_length": 2, "overlap": 1, "gamma": 0.9, **bad})
+            SequenceAdder(2, **layout)
 
 
 def test_reset_drops_running_episodes() -> None:
