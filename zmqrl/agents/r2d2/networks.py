@@ -5,7 +5,8 @@ The torsos are DQN's own (:func:`~zmqrl.agents.dqn.networks.mlp_torso`,
 :func:`~zmqrl.agents.dqn.networks.nature_cnn_torso`), observations prepared as DQN prepares them
 (flattened float rows for the MLP, uint8 frames scaled by 1/255 for the Nature CNN). Parameter
 names: ``torso.*``, ``lstm.weight_ih_l0``, ``lstm.weight_hh_l0``, ``lstm.bias_ih_l0``,
-``lstm.bias_hh_l0`` (torch's gate order i, f, g, o), ``head.*`` (:class:`~zmqrl.agents.dqn.networks.QHead`).
+``lstm.bias_hh_l0`` (torch's gate order i, f, g, o; the forget gate's bias starts 1 higher than torch's,
+:data:`~zmqrl.agents.r2d2.numpy_policy.FORGET_BIAS`), ``head.*`` (:class:`~zmqrl.agents.dqn.networks.QHead`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 
 from zmqrl.agents.dqn.networks import NATURE_CNN_FEATURES, QHead, mlp_torso, nature_cnn_torso
 from zmqrl.agents.r2d2.config import R2D2Config
+from zmqrl.agents.r2d2.numpy_policy import FORGET_BIAS
 from zmqrl.config import ConfigError
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, lstm_size)
@@ -32,6 +34,8 @@ class R2D2Network(nn.Module):
         self.pixels = pixels
         self.torso = torso
         self.lstm = nn.LSTM(features, lstm_size, batch_first=True)
+        with torch.no_grad():
+            self.lstm.bias_ih_l0[lstm_size:2 * lstm_size] += FORGET_BIAS
         self.head = QHead(lstm_size, num_actions, dueling, hidden=head_hidden)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
