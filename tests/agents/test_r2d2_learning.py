@@ -67,7 +67,7 @@ def play(envs: CueRecall, actor: NumpyR2D2Policy, adder: SequenceAdder, explore:
          ) -> list[dict[str, np.ndarray]]:
     """One episode of every env (they run in step), acted on with ``explore``; the items it made."""
     state = actor.initial_state(envs.n)
-    items = []
+    items: list[dict[str, np.ndarray]] = []
     for _ in range(STEPS):
         obs = envs.obs()
         action, after = actor.act_recurrent(obs, explore, state)

@@ -35,7 +35,8 @@ class R2D2Network(nn.Module):
         self.torso = torso
         self.lstm = nn.LSTM(features, lstm_size, batch_first=True)
         with torch.no_grad():
-            self.lstm.bias_ih_l0[lstm_size:2 * lstm_size] += FORGET_BIAS
+            forget = self.lstm.bias_ih_l0[lstm_size:2 * lstm_size]  # type: ignore[index]
+            forget += FORGET_BIAS
         self.head = QHead(lstm_size, num_actions, dueling, hidden=head_hidden)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
