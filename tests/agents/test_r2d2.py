@@ -112,6 +112,21 @@ def test_the_algorithm_entry_and_numpy_policy_do_not_import_torch() -> None:
     assert done.stdout.split() == ["NumpyR2D2Policy", "False"]
 
 
+@pytest.mark.parametrize("name", ["cartpole_pomdp_r2d2", "cartpole_pomdp_dqn", "pong_r2d2"])
+def test_shipped_configs_load_with_their_sequence_layout(name: str) -> None:
+    cfg = config.load(REPO / "configs" / f"{name}.yaml")
+    if cfg.agent.algo == "dqn":
+        assert cfg.replay.sequence_length == 0 and cfg.env.wrappers == ["mask_velocity"]
+        return
+    assert isinstance(cfg.agent, R2D2Config)
+    lay = (cfg.replay.burn_in, cfg.replay.sequence_length, cfg.replay.overlap)
+    if name == "pong_r2d2":  # R2D2's Atari settings
+        assert lay == (40, 80, 40) and (cfg.agent.n_step, cfg.agent.gamma) == (5, 0.997)
+        assert (cfg.replay.alpha, cfg.replay.beta0) == (0.9, 0.6) and cfg.agent.network == "nature_cnn"
+    else:
+        assert cfg.env.wrappers == ["mask_velocity"] and cfg.agent.network == "mlp"
+
+
 # --- the item: spec, limits, meaning -------------------------------------------------------------
 
 
