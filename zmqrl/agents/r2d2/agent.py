@@ -79,7 +79,7 @@ class R2D2Policy:
                    mask: np.ndarray | None = None) -> np.ndarray:
         """Q-values ``(N, T, A)`` of items ``(N, T, ...)`` from their stored states; padding (``mask`` 0)
         leaves the state as it was."""
-        hold = None if mask is None else self._tensor(mask) == 0
+        hold = None if mask is None or np.all(np.asarray(mask) == 1) else self._tensor(np.asarray(mask) == 0)
         state = tuple(self._tensor(np.asarray(s, dtype=np.float32)) for s in (state_h, state_c))
         q, _ = self.q(self._tensor(obs), state, hold)  # type: ignore[arg-type]
         return q.cpu().numpy()  # type: ignore[no-any-return]
@@ -173,16 +173,21 @@ class R2D2Agent(TargetQAgent, R2D2Policy):
             return PendingStep.on_host(self.METRICS, torch.cat([stats, priorities.float()]))
 
     def staged(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """The arrays an update reads, on the device: the items' ``obs``, ``action``, ``mask``, states and
-        ``weights`` (ones where absent), and their n-step targets' data parts computed on the host
-        (:func:`~zmqrl.agents.r2d2.sequences.sequence_targets`)."""
+        """The arrays an update reads, on the device: the items' ``obs``, ``action``, states and ``weights``
+        (ones where absent), their n-step targets' data parts (:func:`~zmqrl.agents.r2d2.sequences.sequence_targets`),
+        and ``hold``, the burn-in's padding before an episode's start, where any item has some: all
+        computed on the host, so the update never waits for the device to decide."""
+        b = self.layout.burn_in
         mask = np.asarray(batch["mask"])
-        targets = sequence_targets(batch["reward"], batch["discount"], mask, self.layout.burn_in, self.cfg.n_step)
+        targets = sequence_targets(batch["reward"], batch["discount"], mask, b, self.cfg.n_step)
         weights = batch.get("weights")
-        arrays = {"obs": batch["obs"], "action": batch["action"], "mask": mask, "state_h": batch["state_h"],
+        arrays = {"obs": batch["obs"], "action": batch["action"], "state_h": batch["state_h"],
                   "state_c": batch["state_c"], "returns": targets.returns, "boot_discount": targets.boot_discount,
                   "boot_index": targets.boot_index, "trainable": targets.trainable,
                   "weights": np.ones(len(mask), np.float32) if weights is None else weights}
+        hold = mask[:, :b] == 0
+        if hold.any():
+            arrays["hold"] = hold
         return self.stager(arrays)
 
     def sequence_loss(self, t: Mapping[str, torch.Tensor]) -> SequenceLoss:
@@ -194,7 +199,7 @@ class R2D2Agent(TargetQAgent, R2D2Policy):
         with torch.no_grad():
             online_state, target_state = stored, stored
             if b:
-                hold = t["mask"][:, :b] == 0  # padding before the episode's start
+                hold = t.get("hold")  # padding before the episode's start
                 online_state = self.q.core(self.q.features(obs[:, :b]), stored, hold)[1]
                 target_state = self.target.core(self.target.features(obs[:, :b]), stored, hold)[1]
             target_q, _ = self.target(obs[:, b:], target_state)  # (N, L + 1, A)

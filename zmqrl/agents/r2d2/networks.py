@@ -51,11 +51,12 @@ class R2D2Network(nn.Module):
         """The LSTM over ``features`` ``(B, T, F)`` from ``state``: outputs ``(B, T, H)`` and the last state.
 
         Where ``hold`` ``(B, T)`` is True the step leaves the state as it was (padding before an
-        episode's start, so its first real step sees the state stored for it); torch's whole-sequence
-        kernel runs where nothing is held, one step at a time otherwise.
+        episode's start, so its first real step sees the state stored for it). Without ``hold``,
+        torch's whole-sequence kernel runs; with it, one step at a time (callers pass it only where
+        something is held, decided on the host: no wait for the device here).
         """
         h, c = state
-        if hold is None or not bool(hold.any()):
+        if hold is None:
             out, (h_n, c_n) = self.lstm(features, (h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous()))
             return out, (h_n[0], c_n[0])
         outputs = []
