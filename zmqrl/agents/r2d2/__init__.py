@@ -25,7 +25,7 @@ more to bootstrap the last of them from. Its fields (leading dim: items):
 
 Items never cross an episode boundary. An episode's items have their first trained step at the
 episode's steps ``0, P, 2P, ...`` (``P = L - replay.overlap``), so trained parts overlap by
-``replay.overlap`` steps and every step of the episode is trained. Item ``k`` holds the episode's
+``replay.overlap`` steps and together cover the whole episode. Item ``k`` holds the episode's
 steps ``kP - B .. kP + L``; those that do not exist are padding (``obs``, ``action``, ``reward``,
 ``discount`` and ``mask`` all 0):
 
