@@ -47,6 +47,37 @@ class Policy(Protocol):
 
 
 @runtime_checkable
+class RecurrentPolicy(Protocol):
+    """Optional, on top of :class:`Policy`: a policy whose actions depend on a recurrent state per env.
+
+    The caller owns the state and hands it in with every step: one float32 array ``(n, *shape)``
+    for ``n`` envs, one row per env (R2D2's LSTM: ``(n, 2, lstm_size)``, ``[:, 0]`` the hidden
+    state h and ``[:, 1]`` the cell c). One array, not a pair: an acting loop indexes it by env
+    (``state[env_ids]``), resets the envs whose episode ended (``state[ended] = initial_state(k)``),
+    hands it to the sequence adder and saves it with one operation each, and h and c never
+    travel apart. An env's state at an episode's first step is its row of :meth:`initial_state`;
+    the sequence adder stores, with each item, the state its env held before the item's first step.
+
+    :meth:`Policy.act` and :meth:`Policy.greedy` of such a policy raise TypeError: acting without a
+    state would silently forget the past.
+    """
+
+    def initial_state(self, n: int) -> np.ndarray:
+        """The state of ``n`` envs at an episode's start (zeros for an LSTM)."""
+        ...
+
+    def act_recurrent(self, obs: np.ndarray, explore: float | np.ndarray,
+                      state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Exploring actions for one observation per env from each env's ``state``, and the state after
+        it (a new array); ``explore`` as for :meth:`Policy.act`."""
+        ...
+
+    def greedy_recurrent(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Deterministic actions (evaluation, ``zmqrl enjoy``) and the state after them."""
+        ...
+
+
+@runtime_checkable
 class ReusesActingValues(Protocol):
     """Optional, on top of :class:`Policy`: initial priorities from what acting computed anyway.
 

@@ -18,8 +18,9 @@ What an algorithm provides:
 - :meth:`Algorithm.initial_params`: model version 0 drawn with numpy, so the learner can
   publish before torch has loaded (``None`` to build the agent first);
 - :meth:`Algorithm.batch_spec`: the arrays of a transition batch, so a learner rejects a batch
-  that does not fit before it reaches replay; :meth:`Algorithm.value_limits` and
-  :meth:`Algorithm.batch_problem`: what its values must mean.
+  that does not fit before it reaches replay;
+- :meth:`Algorithm.value_limits` and :meth:`Algorithm.batch_problem`: what the values of such a
+  batch may be, checked by the learner's intake before anything is stored.
 """
 
 from __future__ import annotations
@@ -177,11 +178,12 @@ class Algorithm:
             limits["obs"] = limits["next_obs"] = finite
         return limits
 
-
     def batch_problem(self, cfg: Config, arrays: Mapping[str, np.ndarray]) -> str | None:
-        """What is wrong with a batch of this algorithm's items beyond :meth:`value_limits` (a
-        recurrent item's masks or states, say), checked by the learner's intake after them; None
-        when nothing is. ``arrays`` holds the fields stored as given (image fields may be absent)."""
+        """What is wrong with a batch of items for this algorithm beyond its fields' value limits (a
+        sentence naming the field, or the item, at fault), or None: a meaning check the learner's intake
+        runs after :meth:`value_limits`. ``arrays`` holds the fields of :meth:`batch_spec` with a common
+        leading length, less image fields whose frames came once (their indices are checked apart).
+        Transitions need none (None); R2D2's sequence items check their masks and states."""
         return None
 
     def new_frames_per_item(self, cfg: Config) -> int:

@@ -51,8 +51,12 @@ def check_params(params: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[in
 
 
 def linear(params: Mapping[str, np.ndarray], name: str) -> Layer:
-    """Layer ``name`` (``name.weight``, ``name.bias``) stored for ``x @ W + b`` without a strided view."""
-    return (np.ascontiguousarray(np.asarray(params[f"{name}.weight"]).T, dtype=np.float32),
+    """Layer ``name`` (``name.weight``, ``name.bias``) stored for ``x @ W + b`` without a strided view.
+
+    Always copies: the transpose of a weight with one output row (a dueling value head's) is already
+    contiguous, and a view of it would follow a torch agent's in-place updates (its ``params()`` are
+    views of the parameters on the CPU) instead of staying what was loaded."""
+    return (np.array(np.asarray(params[f"{name}.weight"]).T, dtype=np.float32, order="C"),
             np.array(params[f"{name}.bias"], dtype=np.float32))
 
 

@@ -63,6 +63,10 @@ class DiscreteQAlgorithm(Algorithm):
     def check(self, ac: Any) -> None:
         """What the range checks of the config cannot say about this algorithm's keys (ConfigError)."""
 
+    def class_args(self, cfg: Config) -> tuple[Any, ...]:
+        """What this algorithm's policy and agent classes take after its agent section (DQN, IQN: nothing)."""
+        return ()
+
     def check_spaces(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space) -> None:
         self.check(self.agent_config(cfg))
         check_discrete_spaces(cfg, obs_space, action_space, self.agent_config(cfg).network)
@@ -72,11 +76,15 @@ class DiscreteQAlgorithm(Algorithm):
         ac = self.agent_config(cfg)
         assert isinstance(action_space, gym.spaces.Discrete)
         if resolve_backend(backend, ac.network == "mlp", device) == "numpy":
-            return _load(self.numpy_policy)(ac, obs_space, action_space, seed=seed)  # type: ignore[no-any-return]
+            numpy_policy = _load(self.numpy_policy)
+            policy: Policy = numpy_policy(ac, *self.class_args(cfg), obs_space, action_space, seed=seed)
+            return policy
         import torch
 
         torch.set_num_threads(1)
-        return _load(self.torch_policy)(ac, obs_space, action_space, device, seed)  # type: ignore[no-any-return]
+        torch_policy = _load(self.torch_policy)
+        policy = torch_policy(ac, *self.class_args(cfg), obs_space, action_space, device, seed)
+        return policy
 
     def exploration(self, cfg: Config, actor_index: int | None) -> Exploration:
         """ε-greedy: a linear decay in ``zmqrl train``; Ape-X's fixed ε per actor index otherwise."""
@@ -87,7 +95,8 @@ class DiscreteQAlgorithm(Algorithm):
         assert isinstance(action_space, gym.spaces.Discrete)
         ac = self.agent_config(cfg)
         self.check(ac)
-        return _load(self.agent_class)(ac, obs_space, action_space, device, seed)  # type: ignore[no-any-return]
+        agent: Agent = _load(self.agent_class)(ac, *self.class_args(cfg), obs_space, action_space, device, seed)
+        return agent
 
     def initial_params(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                        seed: int) -> Params | None:

@@ -139,7 +139,7 @@ def measure(c: Context, path: Path) -> Row:
         try:
             for _ in range(s.actor_reps):
                 bare.append(_bare_loop(actor, s.actor_s))
-                if not actor.sub.poll(60_000, zmq.POLLIN):  # a model is queued: run() finds it at once
+                if not actor.stream.wait(60_000):  # a model is queued: run() finds it at once
                     raise models_proc.failure("no model reached the actor within 60 s")
                 steps0 = actor.stats.env_steps
                 target = steps0 + max(256, int(bare[-1] * s.actor_s))

@@ -16,6 +16,7 @@ ALGORITHMS: dict[str, str] = {  # agent.algo -> the module that defines ALGORITH
     "dqn": "zmqrl.agents.dqn",
     "sac": "zmqrl.agents.sac",
     "iqn": "zmqrl.agents.iqn",
+    "r2d2": "zmqrl.agents.r2d2",
 }
 
 

@@ -175,6 +175,22 @@ def _check_ranges(cfg: Config, source: str) -> None:
         raise ConfigError(f"{source}: trainer.min_samples_per_insert ({low:g}) exceeds "
                           f"trainer.max_samples_per_insert ({high:g}): the learner would pause the actors and wait "
                           "for their data at the same time; lower the first, raise the second, or set it to 0 (off)")
+    _check_sequences(cfg, source)
+
+
+def _check_sequences(cfg: Config, source: str) -> None:
+    """``replay.sequence_length`` > 0 exactly for an algorithm that trains on sequences, and an overlap
+    that lets each sequence start after the one before."""
+    rc, algo = cfg.replay, cfg.agent.algo
+    if type(cfg.agent).SEQUENCES and rc.sequence_length == 0:
+        raise ConfigError(f"{source}: replay.sequence_length: agent.algo={algo} trains on sequences; set the "
+                          "trained steps per sequence (> 0; R2D2: 80, with replay.burn_in 40 and replay.overlap 40)")
+    if not type(cfg.agent).SEQUENCES and rc.sequence_length > 0:
+        raise ConfigError(f"{source}: replay.sequence_length: agent.algo={algo} trains on transitions, not "
+                          f"sequences; leave it 0 (got {rc.sequence_length})")
+    if rc.sequence_length > 0 and rc.overlap >= rc.sequence_length:
+        raise ConfigError(f"{source}: replay.overlap ({rc.overlap}) must be less than replay.sequence_length "
+                          f"({rc.sequence_length}): a sequence starts every sequence_length - overlap steps")
 
 
 def from_dict(data: Any, source: str = "<dict>") -> Config:

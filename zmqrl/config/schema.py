@@ -55,7 +55,8 @@ class AgentConfig:
     """Fields every algorithm has; each algorithm's section subclasses this (``agent.algo`` picks it).
 
     Class attributes ``CHOICES``, ``POSITIVE``, ``UNIT_INTERVAL`` and ``NON_NEGATIVE`` of a subclass
-    name its own keys (without ``agent.``) for the range checks.
+    name its own keys (without ``agent.``) for the range checks; ``SEQUENCES`` says that the algorithm
+    trains on sequence items (``replay.sequence_length`` > 0) rather than on transitions.
     """
 
     algo: str = "dqn"  # the algorithm: a name from `zmqrl config` (zmqrl.config.algorithms.ALGORITHMS)
@@ -67,6 +68,7 @@ class AgentConfig:
     POSITIVE: ClassVar[tuple[str, ...]] = ()
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ()
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()
+    SEQUENCES: ClassVar[bool] = False
 
 
 def agent_config_class(algo: str) -> type[AgentConfig]:
@@ -92,6 +94,9 @@ class ReplayConfig:
     priority_eps: float = 1e-6  # added to |td error| before the exponent
     dedup_frames: bool = True  # store each distinct uint8 image frame of obs/next_obs once
     compress: str = "none"  # none, lz4 or zstd: replay's frames kept compressed, decompressed when sampled
+    sequence_length: int = 0  # trained steps per sequence item of a recurrent agent (R2D2: 80); 0: transitions
+    burn_in: int = 40  # steps before each sequence that only warm up the recurrent state, untrained (R2D2: 40)
+    overlap: int = 40  # steps each sequence shares with the next: one starts every sequence_length - overlap steps
 
 
 @dataclass
@@ -198,5 +203,5 @@ POSITIVE_KEYS = {
 UNIT_INTERVAL_KEYS = {"agent.gamma", "replay.alpha", "replay.beta0", "actor.eps", "trainer.eval_epsilon"}
 NON_NEGATIVE_KEYS = {"trainer.warmup", "trainer.save_interval", "trainer.max_seconds", "trainer.max_samples_per_insert",
                  "trainer.min_samples_per_insert", "actor.nice", "trainer.latest_interval_s", "actor.eps_alpha",
-                 "actor.eps_decay_steps",
+                 "actor.eps_decay_steps", "replay.sequence_length", "replay.burn_in", "replay.overlap",
                  "net.peer_wait_s", "net.peer_idle_s", "net.proxy_hold_ms"}

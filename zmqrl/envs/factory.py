@@ -17,6 +17,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from zmqrl.config import ConfigError, EnvConfig
 from zmqrl.envs import atari, pool
+from zmqrl.envs.pomdp import mask_velocity
 from zmqrl.envs.stepper import VectorStepper
 
 
@@ -45,6 +46,7 @@ WRAPPERS: dict[str, Callable[[gym.Env, EnvConfig], gym.Env]] = {
     "frame_stack": _frame_stack,
     "clip_reward": _clip_reward,
     "float32_obs": _float32_obs,
+    "mask_velocity": mask_velocity,  # CartPole without its velocities: a memory task (zmqrl.envs.pomdp)
 }
 
 

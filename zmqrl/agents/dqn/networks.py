@@ -1,4 +1,8 @@
-"""Q-networks: an MLP for vector observations and the Nature CNN for stacked frames."""
+"""Q-networks: an MLP for vector observations and the Nature CNN for stacked frames.
+
+Their torsos are built by :func:`mlp_torso` and :func:`nature_cnn_torso`, which other algorithms'
+networks (R2D2's) use too, so the same observations go through the same layers and parameter names.
+"""
 
 from __future__ import annotations
 
@@ -30,18 +34,36 @@ class QHead(nn.Module):
         return self.value(features) + adv - adv.mean(dim=1, keepdim=True)
 
 
+NATURE_CNN_FEATURES = 64 * 7 * 7  # what the Nature CNN's conv stack gives for 84x84 frames
+
+
+def mlp_torso(in_features: int, hidden: Sequence[int]) -> nn.Sequential:
+    """Linear+ReLU per ``hidden`` size (an empty stack for ``[]``: the input itself)."""
+    layers: list[nn.Module] = []
+    last = in_features
+    for size in hidden:
+        layers += [nn.Linear(last, size), nn.ReLU()]
+        last = size
+    return nn.Sequential(*layers)
+
+
+def nature_cnn_torso(in_channels: int) -> nn.Sequential:
+    """The Nature DQN conv stack over (C, 84, 84) frames, flattened: :data:`NATURE_CNN_FEATURES` features."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(),
+        nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+        nn.Flatten(),
+    )
+
+
 class MLPQNetwork(nn.Module):
     """Fully connected torso with ReLU, then a Q head."""
 
     def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], dueling: bool) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        last = obs_dim
-        for size in hidden:
-            layers += [nn.Linear(last, size), nn.ReLU()]
-            last = size
-        self.torso = nn.Sequential(*layers)
-        self.head = QHead(last, num_actions, dueling)
+        self.torso = mlp_torso(obs_dim, hidden)
+        self.head = QHead(hidden[-1] if hidden else obs_dim, num_actions, dueling)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head(self.torso(obs.float().flatten(1)))
@@ -52,13 +74,8 @@ class NatureCNNQNetwork(nn.Module):
 
     def __init__(self, in_channels: int, num_actions: int, dueling: bool) -> None:
         super().__init__()
-        self.torso = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-            nn.Flatten(),
-        )
-        self.head = QHead(64 * 7 * 7, num_actions, dueling, hidden=512)
+        self.torso = nature_cnn_torso(in_channels)
+        self.head = QHead(NATURE_CNN_FEATURES, num_actions, dueling, hidden=512)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head(self.torso(obs.float() / 255.0))
