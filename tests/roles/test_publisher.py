@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from zmqrl.wire import (
     CONTROL,
     CONTROL_TOPIC,
     MODEL,
+    MODEL_SUBSCRIPTION,
     MODEL_TOPIC,
     Limits,
     Message,
@@ -144,3 +146,59 @@ def test_a_topic_carries_only_its_own_kind() -> None:
         with pytest.raises(WireError) as err:
             decode([pack(frames, topic)])
         assert err.value.reason == "kind"
+
+
+def test_a_role_whose_model_was_dropped_asks_for_it_again(zctx: zmq.Context, cartpole_cfg: Any) -> None:
+    """Control names version 2 while the role still holds version 1 (the model was dropped on the way):
+    after STALE_S the role subscribes to models again, which the publisher takes as a joiner."""
+    from zmqrl.roles.skeleton import RoleProcess
+    from zmqrl.roles.stream import STALE_S, LearnerStream
+
+    cfg = cartpole_cfg()
+    xpub = make_socket(zctx, zmq.XPUB, SocketOptions.pub(sndhwm=1000), bind="tcp://127.0.0.1:0")
+    xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
+    role = RoleProcess(cfg, "probe")
+    stream = LearnerStream(role, cfg.net, xpub.getsockopt_string(zmq.LAST_ENDPOINT))
+    joins: list[bytes] = []
+
+    def read_joins() -> list[bytes]:
+        while xpub.poll(0, zmq.POLLIN):
+            joins.append(xpub.recv()[1:])
+        return joins
+
+    try:
+        wait_for(lambda: len(read_joins()) >= 2, 5, "the role's two subscriptions")
+        seen: list[int] = []
+
+        def send(version: int, announce: int, with_model: bool) -> None:
+            if with_model:
+                xpub.send(bytes(encode_model("learner", "inc-L", version, PARAMS)[0]))
+            xpub.send(bytes(encode_control("learner", "inc-L", len(seen) + 1, announce, {"pause": False})[0]))
+
+        def take() -> bool:
+            stream.take_control(lambda msg: seen.append(msg.version))
+            msg, _ = stream.newest_model()
+            return msg is not None and msg.version == 1
+        send(1, 1, True)
+        wait_for(take, 5, "model version 1")
+        before = len(read_joins())
+        started = time.monotonic()
+        while stream.asked == 0:  # control says 2, no model 2 comes
+            assert time.monotonic() - started < STALE_S + 5, "the role never asked for the model again"
+            send(1, 2, False)
+            take()
+            time.sleep(0.05)
+        assert time.monotonic() - started >= STALE_S * 0.9
+        wait_for(lambda: len(read_joins()) > before, 5, "the new subscription at the publisher")
+        assert all(topic == MODEL_SUBSCRIPTION for topic in joins[before:]), joins
+        send(2, 2, True)
+        wait_for(lambda: stream.newest_model()[0] is not None or stream.versions.version == 2, 5, "model 2")
+        asked = stream.asked
+        for _ in range(30):  # up to date now: nothing more asked
+            send(2, 2, False)
+            take()
+            time.sleep(0.05)
+        assert stream.asked == asked
+    finally:
+        role.close()
+        xpub.close(linger=0)

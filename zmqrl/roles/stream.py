@@ -5,10 +5,16 @@ finds the newest model and the newest control, and control never pushes a model 
 queue. Control is taken from the learner line in use: the learner incarnation of the model the
 role took last (any, before its first model); control from a newer line waits until its model
 has been taken, then counts.
+
+Each control message names the learner's newest model version. A role whose model stays older
+than that for :data:`STALE_S` (the model was dropped on the way: a publisher drops what a slow
+subscriber's queue cannot take) subscribes to models again; the learner's publisher takes that
+as a new subscriber and sends the model, so it need not re-send models often on its own.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import zmq
@@ -19,6 +25,7 @@ from zmqrl.roles.skeleton import RoleProcess
 from zmqrl.wire import (
     CONTROL,
     MODEL,
+    MODEL_SUBSCRIPTION,
     Message,
     SocketOptions,
     VersionTracker,
@@ -27,6 +34,8 @@ from zmqrl.wire import (
     drain_latest_model,
 )
 from zmqrl.wire.monitor import LinkMonitor
+
+STALE_S = 1.0  # a model older than the one control names for this long is asked for again
 
 
 class LearnerStream:
@@ -49,7 +58,10 @@ class LearnerStream:
         self.versions = VersionTracker()
         self.bad = 0  # messages on the stream that did not decode (or came on the wrong topic)
         self.foreign = False  # the newest control came from a learner of another task
+        self.asked = 0  # times a model older than control's was asked for again
         self._waiting: Message | None = None  # control from a newer learner line, until its model is taken
+        self._announced = -1  # the newest model version control of the line in use named
+        self._stale_since: float | None = None
 
     @property
     def down(self) -> bool:
@@ -67,8 +79,23 @@ class LearnerStream:
             msg, self._waiting = self._waiting, None
             task = msg.meta.get("task")
             self.foreign = self.digest is not None and isinstance(task, str) and task != self.digest
+            self._announced = msg.version
             apply(msg)
+        self._ask_if_stale()
         return bad
+
+    def _ask_if_stale(self) -> None:
+        """Subscribe to models again when the model in use has stayed older than control's for STALE_S."""
+        if self.model_sub is None or self.versions.incarnation is None or self._announced <= self.versions.version:
+            self._stale_since = None
+            return
+        now = time.monotonic()
+        if self._stale_since is None:
+            self._stale_since = now
+        elif now - self._stale_since >= STALE_S:
+            self.model_sub.setsockopt(zmq.SUBSCRIBE, MODEL_SUBSCRIPTION)  # the publisher sees a join
+            self.asked += 1
+            self._stale_since = now
 
     def _current(self, msg: Message) -> bool:
         return self.versions.incarnation is None or msg.incarnation == self.versions.incarnation
