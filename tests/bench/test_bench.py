@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zmqrl import bench
-from zmqrl.bench import harness, learner, registry, solve
+from zmqrl.bench import feeders, harness, registry, solve
 from zmqrl.bench.data import transition_pool
 from zmqrl.config.algorithms import ALGORITHMS
 from zmqrl.roles.addresses import free_port
@@ -269,7 +269,8 @@ def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tm
     cfg = harness.load_config(CARTPOLE)
     pool = transition_pool(cfg, 512)
     pool["priority"] = np.ones(512, np.float32)
-    pool_path = harness.save_arrays(tmp_path / "pool.npz", pool)
+    messages = feeders.save_messages(tmp_path / "messages.npz",
+                                     [{k: v[lo:lo + 64] for k, v in pool.items()} for lo in range(0, 512, 64)])
     data_addr, model_addr = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     ctx = zmq.Context()
     pull = make_socket(ctx, zmq.PULL, SocketOptions.pull(rcvhwm=64), bind=data_addr)
@@ -300,9 +301,9 @@ def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tm
 
     try:
         with harness.Procs(tmp_path) as procs:
-            feeder = procs.child("feed", learner.feed, {
-                "config": str(CARTPOLE), "connect": data_addr, "models": model_addr, "pool": str(pool_path),
-                "rate": 5000, "n_buffer": 64, "sndhwm": 4, "index": 0, "out": str(out), "timeout_s": 60})
+            feeder = procs.child("feed", feeders.feed, {
+                "config": str(CARTPOLE), "connect": data_addr, "models": model_addr, "messages": str(messages),
+                "rate": 5000, "sndhwm": 4, "index": 0, "out": str(out), "timeout_s": 60})
             harness.await_subscriber(pub, 30.0)
             assert batches_within(1.0, None) == 0, "a batch before the first model"
             assert batches_within(1.5, True) == 0, "a batch while paused"

@@ -13,13 +13,14 @@ import numpy as np
 import zmq
 
 from zmqrl.bench.data import TRANSITION_KEYS
+from zmqrl.bench.feeders import Control, actor_meta
 from zmqrl.bench.harness import (
     HOST,
     BenchError,
     child_config,
     load_arrays,
 )
-from zmqrl.bench.learner import Control, actor_meta, learner_config, prefilled_learner
+from zmqrl.bench.learner import learner_config, prefilled_learner
 from zmqrl.roles.net import limits, options
 from zmqrl.run.lifecycle import Every, StopFlag
 from zmqrl.wire import (

@@ -1,9 +1,17 @@
-"""Learner group: opt steps/s of the real Learner loop while ingesting actors' batches vs idle.
+"""Learner group: the real Learner loop fed by actors against the same learner alone, what its intake
+costs per Pong transition, what it sends while it waits for data, and what an update costs.
 
-The batches come from feeder processes that behave like actors towards the learner: they
-subscribe to its models and its control, send nothing before the first model, and hold while the
-rate limiter's ``pause`` (below ``trainer.min_samples_per_insert``) is on or once a grant's
-``allow`` is made, as actors do.
+- ``learner_opt_steps`` (CartPole DQN) and ``learner_opt_steps_pong`` (Pong, Nature CNN at batch 32 on
+  the CPU): opt steps/s of an in-process ``Learner.run``, replay prefilled, while feeder processes
+  (:mod:`zmqrl.bench.feeders`) that behave like actors send as fast as the rate limiter lets them,
+  against the same learner with no feeders. Goal: at least 0.9 of the learner alone.
+- ``learner_intake_pong``: real Pong batches with each frame once, taken from the data socket into
+  replay on one thread (``Learner.ingest``: receive, decode, checks, fingerprints, interning), in
+  transitions per CPU-second, against the former intake that rebuilt each batch's stacks and had
+  replay find their frames again (decode, ``expand``, checks, ``replay.add`` of the stacks). Goal: 5x.
+- ``learner_bytes_throttled``: bytes per second four actors' subscriptions receive from a Pong learner
+  that waits for data (``max_samples_per_insert``), granting every 50 ms, against what the same grants
+  cost when each rode on a model (the protocol before control had messages of its own). Goal: 100x fewer.
 """
 
 from __future__ import annotations
@@ -14,13 +22,15 @@ import io
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zmq
 
-from zmqrl.bench.data import TRANSITION_KEYS, transition_pool
+from zmqrl.bench.data import TRANSITION_KEYS, pong_transitions, transition_pool
+from zmqrl.bench.feeders import actor_meta, feed, save_messages
 from zmqrl.bench.harness import (
     CONFIGS,
     BenchError,
@@ -28,77 +38,42 @@ from zmqrl.bench.harness import (
     Procs,
     Row,
     calls_per_second,
-    child_config,
     free_addr,
-    load_arrays,
     load_config,
     make_row,
     median,
     save_arrays,
+    skipped_row,
 )
-from zmqrl.roles.fit import Allowance
-from zmqrl.roles.net import limits, options
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
-from zmqrl.wire import (
-    BATCH,
-    CONTROL,
-    MODEL,
-    SocketOptions,
-    VersionTracker,
-    drain_control,
-    drain_latest_model,
-    encode,
-    make_socket,
-    new_incarnation,
-    send_frames,
-)
 
 CONFIG = "cartpole_dqn.yaml"
+PONG_CONFIG = "pong_dqn.yaml"
 SAC_CONFIG = "pendulum_sac.yaml"  # the update row of an algorithm without priorities, on two torch threads
 FEEDERS = 4
 DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--actor-rate)
-
-
-class Control:
-    """The learner's requests as an actor reads them from its control: pause and allowance
-    (:class:`~zmqrl.roles.fit.Allowance`; ``made`` counts what was made) and ``done`` (the run is over)."""
-
-    def __init__(self, made: Callable[[], int] = lambda: 0) -> None:
-        self.made, self.done = made, False
-        self.allowance = Allowance()
-        self.messages = 0
-
-    def read(self, sock: zmq.Socket, lim: Any) -> None:
-        """Take what control came on ``sock`` (a control subscriber)."""
-        for msg in drain_control(sock, lim)[0]:
-            self.messages += 1
-            self.allowance.observe(msg, self.made())
-            self.done = self.done or bool(msg.meta.get("done"))
-
-    def hold(self) -> bool:
-        """Whether an actor would hold now: paused, or its allowance made."""
-        return self.allowance.reached(self.made())
-
-
-def actor_meta(index: int, sent: int, n_buffer: int, version: int, model_inc: str | None, wall: float,
-               blocked_s: float = 0.0, paused_s: float = 0.0, full: bool = True) -> dict[str, Any]:
-    """The meta an actor puts on its ``sent``-th batch: three finished episodes and its counters
-    (all of them when ``full``, else ``env_steps`` alone: :meth:`~zmqrl.roles.actor.ActorStats.for_batch`)."""
-    stats: dict[str, Any] = {"env_steps": (sent + 1) * n_buffer}
-    if full:
-        stats.update({"host": "bench-host", "episodes": 3 * (sent + 1), "batches": sent,
-                      "transitions": sent * n_buffer, "bytes_sent": 0, "blocked_s": round(blocked_s, 3),
-                      "paused_s": round(paused_s, 3), "model_updates": 1, "bad_models": 0, "wall_s": round(wall, 3),
-                      "env_steps_per_s": (sent + 1) * n_buffer / max(wall, 1e-9)})
-    return {"episodes": {"returns": [21.0, 17.0, 30.0], "lengths": [21, 17, 30]}, "actor": index,
-            "max_version": version, "model_inc": model_inc, "explore": 0.4, "stats": stats}
+PONG_TRANSITIONS = {"full": 4096, "quick": 2048, "smoke": 1024}  # real Pong transitions made for the Pong rows
+SUBSCRIBERS = 4  # actors listening to the throttled learner
 
 
 def learner_config(path: Path, *overrides: str) -> Any:
-    """``path`` as the learner rows train it: no stop return, no opt-step cap, warnings only."""
+    """``path`` as the learner rows train it: no stop return, no opt-step cap, warnings only, on the CPU."""
     return load_config(path, "trainer.stop_return=null", "trainer.max_opts=100000000", "run.log_level=warning",
-                       *overrides)
+                       "run.device=cpu", *overrides)
+
+
+@dataclass
+class Material:
+    """What a fed learner row trains on (``prefill``: arrays as replay stores them) and what its feeders
+    send (``messages``, a file of batches as actors send them)."""
+
+    path: Path
+    cfg: Any
+    prefill: dict[str, np.ndarray]
+    messages: Path
+    count: int  # batches in the file
+    what: str  # how the note describes the batches
 
 
 def prefill_pool(c: Context, cfg: Any, name: str) -> tuple[dict[str, np.ndarray], Path]:
@@ -109,91 +84,54 @@ def prefill_pool(c: Context, cfg: Any, name: str) -> tuple[dict[str, np.ndarray]
     return pool, save_arrays(c.path(name), pool)
 
 
-def prefilled_learner(cfg: Any, run_dir: Path, pool: dict[str, np.ndarray], binds: tuple[str, str, str]) -> Any:
-    """A real :class:`~zmqrl.roles.learner.Learner` bound at ``binds`` (data, model, eval), its agent
-    built (measure training, not its startup) and its replay prefilled with ``pool``."""
+def cartpole_material(c: Context, path: Path) -> Material:
+    """20k real CartPole transitions (random priorities) to prefill replay; feeders send them in n_buffer batches."""
+    cfg = learner_config(path)
+    pool, _ = prefill_pool(c, cfg, "learner-pool.npz")
+    size, n = len(pool["reward"]), cfg.actor.n_buffer
+    messages = [{k: pool[k][lo:lo + n] for k in (*TRANSITION_KEYS, "priority")} for lo in range(0, size - n + 1, n)]
+    return Material(path, cfg, pool, save_messages(c.path("learner-cartpole.npz"), messages), len(messages),
+                    f"{n}-transition batches")
+
+
+def pong_material(c: Context) -> Material:
+    """Real Pong transitions of the shipped config's actor (its acting loop, n-step, initial priorities):
+    replay is prefilled with them, and feeders send them as the actor does, each frame once per batch."""
+    from zmqrl.frames import image_fields
+    from zmqrl.wire.compact import FrameCompactor
+
+    path = CONFIGS / PONG_CONFIG
+    n = PONG_TRANSITIONS.get(c.settings.mode, PONG_TRANSITIONS["full"])
+    spec, batch = pong_transitions(n, seed=1, config=str(path))
+    cfg = learner_config(path, f"trainer.warmup={n}", "env.backend=gymnasium")
+    per = cfg.actor.n_buffer
+    compactor = FrameCompactor(image_fields(spec))
+    messages = [compactor.compact({k: v[lo:lo + per] for k, v in batch.items()})[0]
+                for lo in range(0, n - per + 1, per)]
+    frames = compactor.frames / max(compactor.transitions, 1)
+    return Material(path, cfg, batch, save_messages(c.path("learner-pong.npz"), messages), len(messages),
+                    f"{per}-transition Pong batches, each frame once ({frames:.2f} frames a transition)")
+
+
+def prefilled_learner(cfg: Any, run_dir: Path, prefill: dict[str, np.ndarray],
+                      binds: tuple[str, str, str] | None = None) -> Any:
+    """A real :class:`~zmqrl.roles.learner.Learner` bound at ``binds`` (data, model, eval; free ports by
+    default), its agent built (measure training, not its startup) and its replay prefilled."""
     from zmqrl.roles.learner import Learner
 
+    binds = binds or (free_addr(), free_addr(), free_addr())
     with contextlib.redirect_stderr(io.StringIO()):  # the progress view binds stderr here: keep it quiet
         learner = Learner(copy.deepcopy(cfg), run_dir, *binds)
         learner.agent_ready(block=True)
-    learner.replay.add({k: pool[k] for k in TRANSITION_KEYS}, priorities=pool["priority"])
+    arrays = {k: v for k, v in prefill.items() if k != "priority"}
+    learner.replay.add(arrays, priorities=prefill.get("priority"))
     return learner
 
 
-def feed(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
-    """Helper process: PUSH actor-like batches (n_buffer transitions, priorities, the actor's meta) at a
-    fixed rate once the first model and control have arrived, holding while the learner asks actors to
-    pause (or once a grant's allowance is made) and stopping when it says the run is over."""
-    net = child_config(p).net
-    pool = load_arrays(p["pool"])
-    size, n_buffer = len(pool["reward"]), int(p["n_buffer"])
-    interval = n_buffer / float(p["rate"])
-    ctx = zmq.Context(io_threads=1)
-    push = make_socket(ctx, zmq.PUSH, options(net, SocketOptions.push(sndhwm=int(p["sndhwm"])), data_path=True),
-                       connect=p["connect"])
-    model_limits, control_limits = limits(net, MODEL), limits(net, CONTROL)
-    sub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.models(model_limits)), connect=p["models"])
-    csub = make_socket(ctx, zmq.SUB, options(net, SocketOptions.control(control_limits)), connect=p["models"])
-    tracker = VersionTracker()
-    inc, name, index = new_incarnation(), f"actor-{p['index']}", int(p["index"])
-    sent, blocked_s, paused_s, version = 0, 0.0, 0.0, -1
-    control = Control(made=lambda: sent * n_buffer)
-    offset = (index * 997 * n_buffer) % max(size - n_buffer, 1)
-    start = time.monotonic()
-    deadline = start + p["timeout_s"]
-    first_model_s: float | None = None
-    try:
-        # no batch before the first model and the first control (which the learner sends from its start)
-        while not stop.set and time.monotonic() < deadline and (version < 0 or not control.messages):
-            control.read(csub, control_limits)
-            if sub.poll(100, zmq.POLLIN):
-                msg, _ = drain_latest_model(sub, tracker, model_limits)
-                version = msg.version if msg is not None else version
-        first_model_s = time.monotonic() - start
-        next_t = time.monotonic()
-        while not stop.set and not control.done and time.monotonic() < deadline:
-            control.read(csub, control_limits)
-            msg, _ = drain_latest_model(sub, tracker, model_limits)
-            version = msg.version if msg is not None else version
-            now = time.monotonic()
-            if control.hold():
-                csub.poll(50, zmq.POLLIN)
-                paused_s += time.monotonic() - now
-                next_t = time.monotonic()  # an actor steps on from where it stopped, with no backlog to make up
-                continue
-            if now < next_t:
-                sub.poll(max(1, int(min(next_t - now, 0.05) * 1000)), zmq.POLLIN)
-                continue
-            next_t = max(next_t + interval, now - 1.0)  # never burst more than 1 s of backlog
-            lo = (offset + sent * n_buffer) % (size - n_buffer)
-            batch = {k: pool[k][lo:lo + n_buffer] for k in (*TRANSITION_KEYS, "priority")}
-            meta = actor_meta(index, sent, n_buffer, version, tracker.incarnation, now - start, blocked_s, paused_s)
-            meta["grants"] = control.allowance.stamp()
-            frames = encode(BATCH, sender=name, incarnation=inc, seq=sent, version=version, arrays=batch, meta=meta)
-            t0 = time.monotonic()
-            while not stop.set:
-                try:
-                    send_frames(push, frames, flags=zmq.NOBLOCK)
-                    sent += 1
-                    break
-                except zmq.Again:
-                    push.poll(100, zmq.POLLOUT)
-            blocked_s += time.monotonic() - t0
-    finally:
-        push.close(linger=0)
-        sub.close(linger=0)
-        csub.close(linger=0)
-        ctx.term()
-    return {"sent": sent, "controls": control.messages, "transitions": sent * n_buffer, "blocked_s": blocked_s,
-            "paused_s": paused_s, "first_model_s": first_model_s, "wall_s": time.monotonic() - start}
-
-
-def _window(c: Context, cfg: Any, path: Path, pool: dict[str, np.ndarray], pool_path: Path, feeders: int,
-            rate: float, tag: str) -> dict[str, float]:
+def _window(c: Context, material: Material, feeders: int, rate: float, tag: str) -> dict[str, float]:
     """Opt steps/s (and transitions/s ingested) of an in-process Learner over one measurement window."""
     s = c.settings
-    learner = prefilled_learner(cfg, c.path(f"learner-{tag}"), pool, (free_addr(), free_addr(), free_addr()))
+    learner = prefilled_learner(material.cfg, c.path(f"learner-{tag}"), material.prefill)
     stop = StopFlag()
     window: dict[str, float] = {}
     abort = threading.Event()
@@ -202,18 +140,21 @@ def _window(c: Context, cfg: Any, path: Path, pool: dict[str, np.ndarray], pool_
         if abort.wait(s.settle_s):
             return
         t0, o0, i0, p0 = time.perf_counter(), learner.book.opt_steps, learner.inserted, learner.limiter.pauses
+        c0 = learner.intake.cpu_s()
         if abort.wait(s.learner_s):
             return
         t1, o1, i1, p1 = time.perf_counter(), learner.book.opt_steps, learner.inserted, learner.limiter.pauses
-        window.update(opt_s=(o1 - o0) / (t1 - t0), ingest_s=(i1 - i0) / (t1 - t0), pauses=float(p1 - p0))
+        window.update(opt_s=(o1 - o0) / (t1 - t0), ingest_s=(i1 - i0) / (t1 - t0), pauses=float(p1 - p0),
+                      intake_cpu=(learner.intake.cpu_s() - c0) / (t1 - t0))
         stop.set = True
 
     outs = [c.path(f"feed-{tag}-{i}.json") for i in range(feeders)]
     with Procs(c.logs) as procs:
         for i, out in enumerate(outs):
             procs.child(f"feed-{tag}-{i}", feed, {
-                "config": str(path), "connect": learner.endpoints["data"], "models": learner.endpoints["model"],
-                "pool": str(pool_path), "rate": rate, "n_buffer": cfg.actor.n_buffer, "sndhwm": cfg.actor.send_hwm,
+                "config": str(material.path), "overrides": ["env.backend=gymnasium"],
+                "connect": learner.endpoints["data"], "models": learner.endpoints["model"],
+                "messages": str(material.messages), "rate": rate, "sndhwm": material.cfg.actor.send_hwm,
                 "index": i, "out": str(out), "timeout_s": s.settle_s + s.learner_s + 120})
         thread = threading.Thread(target=clock, name="bench-clock", daemon=True)
         thread.start()
@@ -232,41 +173,231 @@ def _window(c: Context, cfg: Any, path: Path, pool: dict[str, np.ndarray], pool_
     return window
 
 
-def run(c: Context) -> list[Row]:
-    """Opt steps/s of the real Learner loop, replay prefilled, idle vs ingesting 4 feeders' batches."""
-    import torch
-
-    s = c.settings
-    torch.set_num_threads(1)
-    path = c.configs(CONFIG)[0]
-    cfg = learner_config(path)
-    pool, pool_path = prefill_pool(c, cfg, "learner-pool.npz")
-    prefill = len(pool["reward"])
+def fed_row(c: Context, material: Material, name: str) -> Row:
+    """Opt steps/s of the learner fed by :data:`FEEDERS` feeders against the same learner alone, alternated."""
+    s, cfg = c.settings, material.cfg
     rate = s.actor_rate or DEFAULT_RATE
     idle: list[float] = []
     busy: list[float] = []
     ingest: list[float] = []
     paused: list[float] = []
+    intake_cpu: list[float] = []
     rejected = pauses = 0.0
     for rep in range(s.reps):
-        idle.append(_window(c, cfg, path, pool, pool_path, 0, rate, f"idle-{rep}")["opt_s"])
-        w = _window(c, cfg, path, pool, pool_path, FEEDERS, rate, f"ingest-{rep}")
+        idle.append(_window(c, material, 0, rate, f"{name}-idle-{rep}")["opt_s"])
+        w = _window(c, material, FEEDERS, rate, f"{name}-fed-{rep}")
         busy.append(w["opt_s"])
         ingest.append(w["ingest_s"])
         paused.append(w["paused_share"])
+        intake_cpu.append(w["intake_cpu"])
         rejected += w["rejected"]
         pauses += w["pauses"]
     limiter = cfg.trainer.min_samples_per_insert
     limiter_text = (f"rate limiter on as configured (pause below {limiter:g} samples per insert): the feeders "
                     f"were paused {median(paused):.0%} of their running time, {pauses:.0f} pause request(s) in "
                     "the windows" if limiter > 0 else "rate limiter off in this config")
-    note = (f"{path.name}: in-process Learner.run, {'prioritized' if cfg.replay.prioritized else 'uniform'} replay "
-            f"prefilled with {prefill}; {FEEDERS} feeder processes subscribe to its models like actors and PUSH "
-            f"{cfg.actor.n_buffer}-transition batches at up to {rate:,.0f}/s each while not paused; "
-            f"{limiter_text}; ingested {median(ingest):,.0f} transitions/s; {rejected:.0f} rejected; "
-            f"median of {s.reps}")
-    return [make_row("learner_opt_steps", median(busy), median(idle), "opt steps/s", note, (">=", 0.9)),
-            update_row(c, path), sac_update_row(c)]
+    note = (f"{material.path.name}: in-process Learner.run (batch {cfg.agent.batch_size}, "
+            f"{cfg.run.torch_threads} torch thread), {'prioritized' if cfg.replay.prioritized else 'uniform'} replay "
+            f"prefilled with {len(material.prefill['reward'])}; {FEEDERS} feeder processes subscribe to its models "
+            f"and control like actors and PUSH {material.what} at up to {rate:,.0f} transitions/s each while not "
+            f"paused; {limiter_text}; ingested {median(ingest):,.0f} transitions/s, the intake thread using "
+            f"{median(intake_cpu):.1%} of a core; {rejected:.0f} rejected; median of {s.reps}: "
+            + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in zip(busy, idle, strict=True)))
+    return make_row(name, median(busy), median(idle), "opt steps/s", note, (">=", 0.9))
+
+
+def intake_row(c: Context, material: Material) -> Row:
+    """Transitions per CPU-second from the data socket into replay: frames once against stacks rebuilt."""
+    from zmqrl.bench.feeders import load_messages
+    from zmqrl.wire import BatchEncoder
+
+    cfg = material.cfg
+    messages = load_messages(material.messages)
+    encoder = BatchEncoder("actor-0", "inc-bench")
+    rows = [len(m["reward"]) for m in messages]
+    passes = max(2, {"smoke": 2, "quick": 4}.get(c.settings.mode, 8))
+    encoded = []
+    for seq in range(passes * len(messages)):  # the file's batches again and again, as one actor's stream
+        arrays = messages[seq % len(messages)]
+        encoded.append(([bytes(f) for f in encoder.encode(seq, 0, arrays, actor_meta(0, seq, rows[0], 0, None, 1.0))],
+                        len(arrays["reward"])))
+    total = sum(n for _, n in encoded)
+    after: list[float] = []
+    before: list[float] = []
+    for rep in range(max(1, c.settings.reps) * 2):
+        for which in (("after", "before") if rep % 2 == 0 else ("before", "after")):
+            zctx = zmq.Context()
+            try:
+                if which == "after":
+                    after.append(total / _frames_once(zctx, c.path(f"intake-{rep}"), material, encoded))
+                else:
+                    before.append(total / _stacks_rebuilt(zctx, cfg, encoded))
+            finally:
+                zctx.destroy(linger=0)
+    note = (f"{material.path.name}: {len(encoded)} real Pong batches of {rows[0]} transitions ({material.what}), "
+            f"pushed over TCP loopback and taken into a prioritized replay with frames kept once, on one thread "
+            f"(time.thread_time; the I/O thread's copies are not counted in either): Learner.ingest (receive, "
+            f"decode, batch spec, value and meta checks, sequence and allowance, fingerprints, replay.add_frames) "
+            f"against the former intake (receive, decode, expand to stacks, batch spec and value checks, "
+            f"replay.add of the stacks, which fingerprints all 2x4 frames of each transition); medians of "
+            f"{len(after)}: " + ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(after, before, strict=True)))
+    return make_row("learner_intake_pong", median(after), median(before), "transitions/CPU-s", note, (">=", 5.0))
+
+
+def _frames_once(zctx: zmq.Context, run_dir: Path, material: Material, encoded: list[tuple[list[bytes], int]]) -> float:
+    """CPU seconds of the learner's intake over ``encoded`` (``Learner.ingest``, on this thread)."""
+    from zmqrl.wire import SocketOptions, make_socket
+
+    learner = prefilled_learner(material.cfg, run_dir, {k: v[:64] for k, v in material.prefill.items()})
+    push = make_socket(zctx, zmq.PUSH, SocketOptions.push(sndhwm=4), connect=learner.endpoints["data"])
+    try:
+        return _timed_intake(push, encoded, lambda: learner.ingest(timeout=0.05))
+    finally:
+        push.close(linger=0)
+        learner.close()
+
+
+def _timed_intake(push: zmq.Socket, encoded: list[tuple[list[bytes], int]], take: Callable[[], int]) -> float:
+    """CPU seconds ``take`` (one round of intake) spends until every message of ``encoded`` is in replay."""
+    cpu, sent, inserted = 0.0, 0, 0
+    total = sum(n for _, n in encoded)
+    deadline = time.monotonic() + 300
+    while inserted < total:
+        if time.monotonic() > deadline:
+            raise BenchError(f"the intake took {inserted} of {total} transitions within 300 s")
+        while sent < len(encoded):
+            try:
+                push.send_multipart(encoded[sent][0], flags=zmq.NOBLOCK, copy=False)
+                sent += 1
+            except zmq.Again:
+                break
+        started = time.thread_time()
+        inserted += take()
+        cpu += time.thread_time() - started
+    return cpu
+
+
+def _stacks_rebuilt(zctx: zmq.Context, cfg: Any, encoded: list[tuple[list[bytes], int]]) -> float:
+    """CPU seconds of the former intake path over ``encoded``: receive, decode, expand to stacks, checks,
+    ``replay.add`` of the stacks (into the replay the config makes, frames kept once)."""
+    from zmqrl.roles.intake import ValueCheck
+    from zmqrl.roles.net import limits
+    from zmqrl.run.acting import make_task
+    from zmqrl.run.startup import make_replay_from
+    from zmqrl.wire import BATCH, SocketOptions, check_batch_spec, decode, make_socket
+    from zmqrl.wire.compact import expand
+
+    task = make_task(cfg)
+    spec = task.batch_spec()
+    replay = make_replay_from(cfg, spec)
+    values = ValueCheck(spec, task.value_limits())
+    lim = limits(cfg.net, BATCH)
+    pull = make_socket(zctx, zmq.PULL, SocketOptions.pull(lim, rcvhwm=64), bind="tcp://127.0.0.1:0")
+    push = make_socket(zctx, zmq.PUSH, SocketOptions.push(sndhwm=4), connect=pull.getsockopt_string(zmq.LAST_ENDPOINT))
+
+    def take() -> int:
+        n = 0
+        while pull.poll(50, zmq.POLLIN):
+            msg = expand(decode(pull.recv_multipart(copy=False), lim), spec, lim)
+            check_batch_spec(msg, spec)
+            if values.problem(msg.arrays) is not None:
+                raise BenchError("a bench batch failed the value check")
+            arrays = dict(msg.arrays)
+            priorities = arrays.pop("priority", None)
+            replay.add(arrays, priorities=priorities)
+            n += len(arrays["reward"])
+            if n >= 4096:
+                break
+        return n
+
+    try:
+        return _timed_intake(push, encoded, take)
+    finally:
+        push.close(linger=0)
+        pull.close(linger=0)
+
+
+def bytes_row(c: Context, material: Material) -> Row:
+    """Bytes/s :data:`SUBSCRIBERS` actors' subscriptions (models and control) receive from a Pong learner
+    waiting for data, against what the same grants would cost riding on models."""
+    from zmqrl.wire import CONTROL_TOPIC, MODEL_SUBSCRIPTION
+
+    s = c.settings
+    # throttled from the first update: max_samples_per_insert reached at once (replay prefilled, nothing
+    # inserted through the intake), min_samples_per_insert on so that grants go out while it waits
+    cfg = copy.deepcopy(material.cfg)
+    cfg.trainer.min_samples_per_insert = cfg.trainer.max_samples_per_insert = 8.0
+    learner = prefilled_learner(cfg, c.path("learner-throttled"), material.prefill)
+    zctx = zmq.Context()
+    subs = []
+    for topic in [MODEL_SUBSCRIPTION, CONTROL_TOPIC] * SUBSCRIBERS:
+        sub = zctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.SUBSCRIBE, topic)
+        sub.connect(learner.endpoints["model"])
+        subs.append(sub)
+    counts = {"model": [0, 0], "control": [0, 0]}  # messages, bytes in the window
+    stop = StopFlag()
+    seconds = max(2.0, s.learner_s / 2)
+
+    def listen() -> None:
+        poller = zmq.Poller()
+        for sub in subs:
+            poller.register(sub, zmq.POLLIN)
+        end = time.monotonic() + s.settle_s + seconds
+        opened = time.monotonic() + s.settle_s
+        while time.monotonic() < end:
+            for sock, _ in poller.poll(50):
+                frame = sock.recv()
+                if time.monotonic() >= opened:
+                    entry = counts["control" if frame[:len(CONTROL_TOPIC)] == CONTROL_TOPIC else "model"]
+                    entry[0] += 1
+                    entry[1] += len(frame)
+        stop.set = True
+
+    thread = threading.Thread(target=listen, name="bench-listen", daemon=True)
+    thread.start()
+    try:
+        learner.run(stop)
+    finally:
+        stop.set = True
+        thread.join(10.0)
+        for sub in subs:
+            sub.close(linger=0)
+        zctx.term()
+    if not counts["control"][0]:
+        return skipped_row("learner_bytes_throttled", "bytes/s", "no control message reached the subscribers")
+    model_frame = learner.publisher.model_bytes / max(learner.publisher.models_sent, 1)
+    measured = (counts["model"][1] + counts["control"][1]) / seconds
+    former = (counts["control"][0] * model_frame) / seconds  # each control message a whole model, as before
+    per_control = counts["control"][1] / counts["control"][0]
+    note = (f"{material.path.name} (a {model_frame / 2**20:.1f} MB model) on the CPU, throttled by "
+            f"trainer.max_samples_per_insert=8 with min_samples_per_insert=8, so it grants every 50 ms while it "
+            f"waits for data; {SUBSCRIBERS} actors' subscriptions (a model and a control one each) counted over "
+            f"{seconds:.0f} s: {counts['model'][0]} model and {counts['control'][0]} control messages "
+            f"({per_control:.0f} bytes each) received; the baseline is the same grants each riding on the model, as "
+            f"the learner sent them before control had messages of its own")
+    return make_row("learner_bytes_throttled", measured, former, "bytes/s", note, (">=", 100.0), inverse=True)
+
+
+def run(c: Context) -> list[Row]:
+    """The learner's rows (module docstring), the update rows last."""
+    import torch
+
+    torch.set_num_threads(1)
+    path = c.configs(CONFIG)[0]
+    rows = [fed_row(c, cartpole_material(c, path), "learner_opt_steps")]
+    try:
+        pong = pong_material(c)
+    except ImportError as exc:  # (Atari is an extra)
+        reason = f"Atari is not installed here ({exc})"
+        rows += [skipped_row(name, unit, reason) for name, unit in (
+            ("learner_opt_steps_pong", "opt steps/s"), ("learner_intake_pong", "transitions/CPU-s"),
+            ("learner_bytes_throttled", "bytes/s"))]
+    else:
+        rows += [fed_row(c, pong, "learner_opt_steps_pong"), intake_row(c, pong), bytes_row(c, pong)]
+    return [*rows, update_row(c, path), sac_update_row(c)]
 
 
 def update_row(c: Context, path: Path) -> Row:
