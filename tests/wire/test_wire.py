@@ -662,11 +662,10 @@ def test_recv_message_times_out(ctx: zmq.Context) -> None:
     assert time.monotonic() - start < 2.0
 
 
-def test_immediate_push_does_not_queue_without_peer(ctx: zmq.Context) -> None:
-    pull = make_socket(ctx, zmq.PULL, SocketOptions(), bind=LOCAL)
-    address = bound_address(pull)
-    pull.close(linger=0)  # nobody listens there any more
-    push = make_socket(ctx, zmq.PUSH, SocketOptions.push(linger_ms=0), connect=address)
+def test_immediate_push_does_not_queue_without_peer(ctx: zmq.Context, tmp_path: Path) -> None:
+    # an address nobody listens on: a path of this test's own (a closed TCP port may be taken by another
+    # process's random port before the connect)
+    push = make_socket(ctx, zmq.PUSH, SocketOptions.push(linger_ms=0), connect=f"ipc://{tmp_path}/nobody")
     with pytest.raises(zmq.Again):
         send_frames(push, encode_stats("s", "i", 0, {}), flags=zmq.NOBLOCK)
 
