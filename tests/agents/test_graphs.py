@@ -4,8 +4,8 @@ On the CPU the static path (the code a graph captures, run uncaptured: static bu
 zeroed in place, capturable Adam with its learning rate in a tensor) is held equal to the eager
 update, bit for bit, over consecutive updates of DQN (MLP and CNN), IQN and SAC; and each known trap
 has its check: outputs overwritten by the next step, tensors re-allocated behind the program, silent
-fallbacks. The tests whose names hold ``cuda`` capture real graphs and skip without a GPU; the GPU
-sprint runs them (``pytest tests/agents/test_graphs.py -k cuda``).
+fallbacks. The tests named ``test_cuda_*`` capture real graphs and skip without a GPU; the GPU
+sprint runs them (``pytest tests/agents/test_graphs.py -k test_cuda_``).
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def test_compile_setting_resolves_by_device_and_says_why(caplog: pytest.LogCaptu
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA")
-def test_graph_without_cuda_is_a_config_error_naming_the_key() -> None:
+def test_graph_on_a_cpu_only_host_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="agent.compile"):
         dqn("cpu", compile="graph")
     with pytest.raises(ConfigError, match="agent.compile"):
