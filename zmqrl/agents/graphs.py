@@ -29,7 +29,7 @@ The known traps, each with its guard:
 - tensors re-allocated behind a graph's back (an optimizer's ``load_state_dict``, a module's ``.to()``,
   ``load_state_dict(assign=True)``, a gradient set to None): what the update reads or writes and keeps is
   noted when it is captured (:class:`Bindings`: data pointers, and which tensor each module, gradient and
-  optimizer holds) and checked before each replay, in about 20 us of Python; a change captures it again,
+  optimizer holds) and checked before each replay, in tens of microseconds of Python; a change captures it again,
   with a warning, never replaying onto stale tensors (:attr:`StaticProgram.captures` counts);
 - silent fallbacks: a capture that fails raises :class:`CaptureError`, naming ``agent.compile``; nothing
   goes eager by itself. ``auto`` resolving to eager off CUDA is the setting's meaning, said in the
@@ -176,6 +176,8 @@ class StaticProgram:
         if self.captures:
             log.warning("%s: %s; %s again", self.what, why,
                         "capturing it" if self.mode == "graph" else "binding its buffers")
+        if self._graph is not None:
+            torch.cuda.current_stream(self.device).synchronize()  # its last replay done before its memory goes
         self._graph = self._bound = self._out = None
         self._warm = 0
 

@@ -47,7 +47,7 @@ def _agent_and_replay(c: Context, device: str, batch_size: int, compile: str) ->
 
     path = c.configs(CONFIG)[0]
     cfg = load_config(path, f"replay.capacity={POOL}", f"agent.batch_size={batch_size}", "env.num_envs=8",
-                      f"agent.compile={compile}")
+                      f"run.device={device}", f"agent.compile={compile}")
     agent = make_task(cfg).agent(device=device, seed=0)
     replay = _replays.get(path)
     if replay is None:  # one replay of real frames for every row (the sampled priorities change, the frames not)
