@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU sprint, one command for a host with one GPU and N cores: the cnn bench rows on CUDA, then
+# The GPU sprint, one command for a host with one GPU and N cores: the captured-update tests
+# (tests/agents/test_graphs.py -k test_cuda_), the cnn bench rows on CUDA (eager and CUDA-graph updates), then
 # Pong (configs/pong_dqn_gpu.yaml) through `zmqrl local` with N-2 actors and the learner on the GPU,
 # all inside --budget-s (default 540 s, so the whole command fits 9 minutes). Writes report.txt,
-# sprint.json, summary.json, config.yaml, curve.png and bench_cnn.json into OUTDIR (the run in OUTDIR/run).
-#   launch/gpu_sprint.sh OUTDIR [--budget-s 540] [--actors N] [--config FILE] [--set KEY=VALUE ...]
+# sprint.json, summary.json, config.yaml, curve.png, tests_cuda.log and bench_cnn.json into OUTDIR
+# (the run in OUTDIR/run).
+#   launch/gpu_sprint.sh OUTDIR [--budget-s 540] [--actors N] [--config FILE] [--tests none] [--set KEY=VALUE ...]
 # Without .venv (a host with torch already installed): PYTHON=python3 launch/gpu_sprint.sh OUTDIR
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 OUTDIR [zmqrl sprint flags]" >&2; exit 2; }

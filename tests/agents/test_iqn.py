@@ -403,9 +403,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @needs_cuda
 def test_update_on_cuda_matches_cpu_for_the_same_fractions(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same fractions give the same step on either device (each draws its own on the device, so
-    both take them from one CPU generator here); the CUDA fraction generator survives a round trip."""
+    both take them from one CPU generator here, so the CUDA agent runs eagerly: a graph cannot hold a
+    host draw); the CUDA fraction generator survives a round trip."""
     cpu = IQNAgent(agent_cfg(), OBS_SPACE, ACT_SPACE, "cpu", seed=3)
-    gpu = IQNAgent(agent_cfg(), OBS_SPACE, ACT_SPACE, "cuda", seed=3)
+    gpu = IQNAgent(agent_cfg(compile="none"), OBS_SPACE, ACT_SPACE, "cuda", seed=3)
     gpu.q.load_state_dict(cpu.q.state_dict())
     gpu.target.load_state_dict(cpu.target.state_dict())
     for agent in (cpu, gpu):

@@ -296,7 +296,7 @@ def test_update_targets_formula_and_targets_are_not_trained() -> None:
     agent = make_agent(seed=16, tau=0.3)
     perturb(agent.critics, seed=17)
     t0, c0 = params_of(agent.targets), params_of(agent.critics)
-    agent.update_targets()
+    agent.update_target()
     for got, t, c in zip(agent.targets.parameters(), t0, c0, strict=True):
         torch.testing.assert_close(got, 0.7 * t + 0.3 * c, rtol=1e-6, atol=1e-7)
     assert not any(p.requires_grad for p in agent.targets.parameters())

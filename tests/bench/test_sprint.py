@@ -1,8 +1,9 @@
 """``zmqrl sprint`` (launch/gpu_sprint.sh): the GPU host's one prepared command, run here on CPU.
 
-The real command on Catch with a tiny budget: the cnn bench group (smoke), ``zmqrl local`` for the
-time the budget leaves, then the files and the report. It must stop inside its budget, stop the run
-by the run's own wall-time limit, and write every file the GPU host's run brings back.
+The real command on Catch with a tiny budget: the captured-update tests (all skipped without CUDA),
+the cnn bench group (smoke), ``zmqrl local`` for the time the budget leaves, then the files and the
+report. It must stop inside its budget, stop the run by the run's own wall-time limit, and write every
+file the GPU host's run brings back.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from zmqrl.bench.sprint import actor_rates
 
 REPO = Path(__file__).resolve().parents[2]
 CATCH = REPO / "configs" / "catch_dqn.yaml"
-BUDGET_S = 110.0  # the bench gets a fifth: its smoke run takes ~15 s of it on 2 busy cores
+BUDGET_S = 130.0  # tests ~8 s (all skipped here) of their 0.15, the bench ~20 s on 2 busy cores of its 0.25
 
 
 def sprint(out: Path, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
@@ -34,7 +35,8 @@ def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> 
     done = sprint(out, "--config", str(CATCH), "--budget-s", str(BUDGET_S), "--actors", "1", "--device", "cpu",
                   "--bench", "smoke", "--set", "trainer.stop_return=null")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for name in ("report.txt", "sprint.json", "summary.json", "config.yaml", "curve.png", "bench_cnn.json"):
+    for name in ("report.txt", "sprint.json", "summary.json", "config.yaml", "curve.png", "bench_cnn.json",
+                 "tests_cuda.log"):
         assert (out / name).is_file(), name
     assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     found = json.loads((out / "sprint.json").read_text())
@@ -48,11 +50,15 @@ def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> 
     assert found["actors"]["actors"] == 1 and found["actors"]["env_steps_per_s_per_actor"] > 0
     assert 6000 < found["actors"]["wire_bytes_per_transition"] < 30000  # two 84x84 frames, and headers
     names = [row["name"] for row in json.loads((out / "bench_cnn.json").read_text())]
-    assert names == ["cnn_learner_b32_cpu", "cnn_learner_b32_cuda_pinned", "cnn_learner_b256_cuda_pinned",
-                     "cnn_learner_b512_cuda_pinned"]
+    assert names == ["cnn_learner_b32_cpu", "cnn_update_b32_cpu_static", "cnn_learner_b32_cuda_pinned",
+                     "cnn_learner_b256_cuda_pinned", "cnn_learner_b512_cuda_pinned", "cnn_update_b32_cuda_graph",
+                     "cnn_update_b256_cuda_graph", "cnn_update_b512_cuda_graph"]
+    tests = found["cuda_tests"]  # run (the pytest plumbing), each one skipped without CUDA
+    assert tests["ran"] and tests["exit"] == 0 and tests["skipped"] >= 5 and "passed" not in tests, tests
     report = (out / "report.txt").read_text()
     assert report == done.stdout[done.stdout.index("zmqrl sprint:"):]  # the printed report is the file's
     assert f"best {summary['best_eval_return']:.2f}" in report and "env steps/s each" in report
+    assert f"cuda tests       {tests['summary']}" in report
 
 
 def test_sprint_refuses_a_bad_key_before_running_anything(tmp_path: Path) -> None:

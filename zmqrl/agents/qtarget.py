@@ -1,5 +1,6 @@
 """The learner's side that DQN's and IQN's agents share (torch): an online network ``q`` with a
-target copy, Adam on ``q``, the batch stager, the target update, and the state a resume needs."""
+target copy, Adam on ``q``, the batch stager, the target update, the state a resume needs, and the
+update's run as a static program or CUDA graph (:class:`~zmqrl.agents.graphs.CompiledUpdates`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from zmqrl.agents.graphs import Bindings, CompiledUpdates
 from zmqrl.agents.staging import BatchStager
 from zmqrl.agents.torch_util import Adam, load_module_params, update_target
 
 
-class TargetQAgent:
-    """Mixed into an agent whose policy has ``q``, ``device``, ``cfg`` (a QLearningConfig) and ``rng``."""
+class TargetQAgent(CompiledUpdates):
+    """Mixed into an agent whose policy has ``q``, ``device``, ``cfg`` (a QLearningConfig) and ``rng``;
+    the agent writes :meth:`update_step` and calls :meth:`init_updates` last in its constructor."""
 
     q: Any  # the online network (the policy's)
     device: torch.device
@@ -40,6 +43,13 @@ class TargetQAgent:
     def update_target(self) -> None:
         """Hard copy (tau = 1) or Polyak average into the target network."""
         update_target(self.target, self.q, self.cfg.tau)
+
+    def optimizers(self) -> list[Adam]:
+        return [self.optimizer]
+
+    def graph_bindings(self) -> Bindings:
+        """The networks with their gradients and Adam's state: what a captured update must find in place."""
+        return Bindings((self.q, self.target), self.optimizers())
 
     def state_dict(self) -> dict[str, Any]:
         """Networks, optimiser, counters and the exploration RNG, for resuming."""

@@ -5,11 +5,14 @@ On CUDA each key has two page-locked host buffers used in turn: the arrays are c
 free one and sent with ``non_blocking=True``, so the copy overlaps with work already queued on
 the GPU. Before a buffer is refilled, the event recorded after its last transfer is waited on,
 so a transfer still reading it is never overwritten.
+
+A static or captured update (:mod:`zmqrl.agents.graphs`) takes its inputs in buffers allocated once:
+:meth:`BatchStager.into` fills them with ``copy_``, the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -31,20 +34,39 @@ class BatchStager:
         if not self.pinned:
             out = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
             return {k: t.to(self.device) for k, t in out.items()} if self.cuda else out
+        out = {key: host.to(self.device, non_blocking=True) for key, host in self._pinned(batch)}
+        self._record()
+        return out
+
+    def into(self, batch: Mapping[str, np.ndarray], out: Mapping[str, torch.Tensor]) -> None:
+        """Copy every array of ``batch`` into the device tensor of ``out`` under its key (same shapes;
+        dtypes as the tensors'), in the order of the device's stream: on CUDA through the pinned
+        buffers, without waiting."""
+        if not self.pinned:
+            for key, array in batch.items():
+                out[key].copy_(torch.from_numpy(np.ascontiguousarray(array)))
+            return
+        for key, host in self._pinned(batch):
+            out[key].copy_(host, non_blocking=True)
+        self._record()
+
+    def _pinned(self, batch: Mapping[str, np.ndarray]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each array of ``batch`` copied into this turn's page-locked buffer for its key (one at a time, so
+        the transfer of one overlaps the copy of the next), once the last transfer out of them is done."""
         turn = self._turn
         self._turn ^= 1
         event = self._events[turn]
         if event is not None:
             event.synchronize()  # the last transfer out of this buffer has finished reading it
         buffers = self._buffers[turn]
-        out = {}
         for key, array in batch.items():
-            host = self._host_buffer(buffers, key, np.asarray(array))
-            out[key] = host.to(self.device, non_blocking=True)
+            yield key, self._host_buffer(buffers, key, np.asarray(array))
+
+    def _record(self) -> None:
+        """An event after the transfers just queued, for the turn that used the buffers."""
         done = torch.cuda.Event()
         done.record()
-        self._events[turn] = done
-        return out
+        self._events[self._turn ^ 1] = done
 
     @staticmethod
     def _host_buffer(buffers: dict[str, torch.Tensor], key: str, array: np.ndarray) -> torch.Tensor:

@@ -93,7 +93,8 @@ class PendingStep:
     event alone. Each step has its own host tensor: torch's caching host allocator hands that
     memory to no other tensor until the copy recorded on it has completed, so no step's results can
     be overwritten by another's, read or not. On the CPU the tensor is the result itself, already
-    computed: nothing is copied beyond what reading it always took.
+    computed: nothing is copied beyond what reading it always took, unless the tensor is a buffer the
+    next step writes again (``reused``: a static or captured update's output, see :mod:`zmqrl.agents.graphs`).
     """
 
     __slots__ = ("_event", "_names", "_read", "_values")
@@ -107,12 +108,14 @@ class PendingStep:
         self._read = read
 
     @classmethod
-    def on_host(cls, names: Sequence[str], values: torch.Tensor) -> PendingStep:
+    def on_host(cls, names: Sequence[str], values: torch.Tensor, reused: bool = False) -> PendingStep:
         """The step whose metrics and priorities ``values`` (1-D, metrics first) will hold once the
-        device has computed them; on CUDA the copy to the host is queued here, not waited for."""
+        device has computed them; on CUDA the copy to the host is queued here, not waited for.
+        ``reused``: ``values`` is overwritten by the next step (a graph's output), so on the CPU too
+        it is copied now."""
         values = values.detach()
         if values.device.type != "cuda":
-            return cls(names, values.cpu())
+            return cls(names, values.clone() if reused else values.cpu())
         host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
         host.copy_(values, non_blocking=True)
         event = torch.cuda.Event()
@@ -261,9 +264,13 @@ class Adam(torch.optim.Adam):
     Unless ``fused`` or ``foreach`` is given, the update is torch's fused kernel (one call for all
     parameters; on CPU the stock class loops over them): 400 -> 150 us a step for the CartPole
     network, 370 -> 425 CartPole DQN updates/s in all.
+
+    :meth:`make_capturable` readies it for a captured update (:mod:`zmqrl.agents.graphs`); its state
+    dicts keep the format of one that was not.
     """
 
     _ready = False
+    _host_lr: list[float] | None = None  # the learning rates as numbers, once they live in device tensors
 
     def __init__(self, params: Any, **kwargs: Any) -> None:
         if not Adam._ready:
@@ -302,10 +309,70 @@ class Adam(torch.optim.Adam):
         """:meth:`step`, or nothing at all (parameters, moments and step counts as they were) where
         ``skip`` (a 0-d float tensor: 1.0 skips, see :func:`nonfinite`) says so. With torch's fused
         kernel the choice is made on the device, without waiting for the host; otherwise ``skip``
-        is read first."""
+        is read first, which a capturable optimizer refuses (a RuntimeError saying why)."""
         if not self._fused_step(skip):
+            if self._host_lr is not None:
+                raise RuntimeError("a capturable Adam steps with torch's fused kernel only, and could not here "
+                                   "(optimizer hooks, a parameter without a gradient, or parameters on several "
+                                   "devices): reading the skip flag on the host would break a captured update")
             if not bool(skip):
                 self.step()
+
+    @torch.no_grad()
+    def make_capturable(self) -> None:
+        """Ready for a captured update (a CUDA graph, or its uncaptured stand-in on the CPU): every
+        parameter's state allocated now (as the first step would: zero moments, step 0), ``capturable``
+        set, each group's learning rate a device tensor the fused kernel reads, and :meth:`step_unless`
+        never reading the skip flag on the host. Nothing of the update's arithmetic changes: on the CPU
+        the results are those of the plain optimizer bit for bit (its kernel computes in double, and
+        so does the learning rate's tensor here). A RuntimeError where torch has no fused kernel for
+        the parameters."""
+        if self._host_lr is not None:
+            return
+        host_lr = []
+        for group in self.param_groups:
+            params = group["params"]
+            if not group.get("fused") or not _fused_kernel_fits(params) \
+                    or len({(p.device, p.dtype) for p in params}) != 1:
+                where = sorted({str(p.device) for p in params})
+                raise RuntimeError(f"a captured update needs torch's fused Adam kernel for parameters of one device "
+                                   f"and dtype; these are on {', '.join(where)}")
+            host_lr.append(float(group["lr"]))
+            device = params[0].device
+            group["capturable"] = True
+            kernel_dtype = torch.float64 if device.type == "cpu" else torch.float32  # what each kernel reads lr as
+            group["lr"] = torch.tensor(host_lr[-1], device=device, dtype=kernel_dtype)
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    if group["amsgrad"]:
+                        state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        self._host_lr = host_lr
+
+    def state_dict(self) -> dict[str, Any]:
+        """As torch's; a capturable one writes its learning rates as numbers and ``capturable`` as it was
+        asked for, so its checkpoints are those of one that never was."""
+        state: dict[str, Any] = super().state_dict()
+        if self._host_lr is not None:
+            for group, lr in zip(state["param_groups"], self._host_lr, strict=True):
+                group["lr"], group["capturable"] = lr, False
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As torch's (the moments become new tensors); a capturable one stays so, its learning-rate
+        tensors (the same ones) set to the loaded values."""
+        lr_tensors = [group["lr"] for group in self.param_groups] if self._host_lr is not None else None
+        super().load_state_dict(state_dict)
+        if lr_tensors is not None:
+            self._host_lr = None
+            host_lr = [float(group["lr"]) for group in self.param_groups]
+            self.make_capturable()
+            for group, tensor, lr in zip(self.param_groups, lr_tensors, host_lr, strict=True):
+                tensor.fill_(lr)
+                group["lr"] = tensor
 
     @torch.no_grad()
     def _fused_step(self, skip: torch.Tensor | None = None) -> bool:
@@ -318,8 +385,8 @@ class Adam(torch.optim.Adam):
             return False
         calls = []
         for group in self.param_groups:
-            if not group.get("fused") or group.get("capturable") or group.get("differentiable") \
-                    or any(isinstance(v, torch.Tensor) for v in (group["lr"], *group["betas"])):
+            if not group.get("fused") or group.get("differentiable") \
+                    or any(isinstance(v, torch.Tensor) for v in group["betas"]):
                 return False
             params = group["params"]
             if not params or any("step" not in self.state.get(p, ()) for p in params) \

@@ -3,12 +3,16 @@
 In order, all inside ``--budget-s`` (default 540 s, so the whole command fits 9 minutes):
 
 1. the host: cores, torch, the GPU;
-2. the ``cnn`` bench group (the learner's Nature-CNN update on real Pong batches: on CPU, and on
-   CUDA at batch 32, 256 and 512 with pinned staging against plain copies) into ``bench_cnn.json``;
-3. ``zmqrl local`` with the sprint's config (``configs/pong_dqn_gpu.yaml``: Pong, the learner on
+2. the captured-update tests (``pytest tests/agents/test_graphs.py -k test_cuda_``: each algorithm's update
+   captured as a CUDA graph equals its eager update), within ``TESTS_SHARE`` of the budget, into
+   ``tests_cuda.log``; they come before the run, which trains with graphs (``agent.compile: auto``);
+3. the ``cnn`` bench group (the learner's Nature-CNN update on real Pong batches: on CPU, and on
+   CUDA at batch 32, 256 and 512 with pinned staging against plain copies, and captured as a CUDA
+   graph against eager) into ``bench_cnn.json``;
+4. ``zmqrl local`` with the sprint's config (``configs/pong_dqn_gpu.yaml``: Pong, the learner on
    the GPU) and cores − 2 actors, for whatever wall time is left less a reserve for stopping and
    reporting (``trainer.max_seconds``); its run directory is ``OUTDIR/run``;
-4. ``OUTDIR/summary.json`` (the run's), ``config.yaml`` (what ran), ``curve.png`` (``zmqrl plot``),
+5. ``OUTDIR/summary.json`` (the run's), ``config.yaml`` (what ran), ``curve.png`` (``zmqrl plot``),
    ``sprint.json`` (everything the report says, as numbers) and ``report.txt``, the one-screen
    report that is also printed: evaluations, updates/s, samples per insert, where the learner's
    time went, actor env steps/s per core with every core busy, bytes per transition on the wire.
@@ -24,9 +28,11 @@ the command cannot rot between the times a GPU host is at hand.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import time
@@ -37,9 +43,12 @@ from typing import Any
 from zmqrl.bench.harness import Proc, zmqrl_argv
 from zmqrl.run.rundir import CONFIG_FILE, SUMMARY_FILE, read_json, write_json_atomic
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "pong_dqn_gpu.yaml"
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = REPO / "configs" / "pong_dqn_gpu.yaml"
+GRAPH_TESTS = REPO / "tests" / "agents" / "test_graphs.py"
 STOP_RESERVE_S = 45.0  # after max_seconds: the learner's final checkpoint, every role's exit, the plot
-BENCH_SHARE = 0.2  # at most this part of the budget for the bench group
+TESTS_SHARE = 0.15  # at most this part of the budget for the CUDA tests (their set takes under 60 s on an H100)
+BENCH_SHARE = 0.25  # at most this part of the budget for the bench group (about 90 s of it on an H100)
 MIN_RUN_S = 20.0
 
 
@@ -53,6 +62,7 @@ class Sprint:
     actors: int
     device: str
     bench: str  # quick, smoke or none
+    tests: str = "cuda"  # cuda (the captured-update tests) or none
     overrides: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     found: dict[str, Any] = field(default_factory=dict)
@@ -89,6 +99,30 @@ def run_bounded(argv: list[str], log: Path, timeout_s: float) -> int | None:
     if rc is None:
         proc.stop(grace_s=20.0)
     return rc
+
+
+def cuda_tests(s: Sprint) -> dict[str, Any]:
+    """The captured-update tests, bounded by ``TESTS_SHARE`` of the budget: their counts (passed, failed,
+    skipped, ...) and exit code, or why they did not run. A failure is one of the sprint's problems."""
+    if s.tests == "none":
+        return {"ran": False, "why": "--tests none"}
+    if not GRAPH_TESTS.is_file() or importlib.util.find_spec("pytest") is None:
+        why = f"no {GRAPH_TESTS.relative_to(REPO)} here" if not GRAPH_TESTS.is_file() else "pytest is not installed"
+        s.found.setdefault("problems", []).append(f"cuda tests not run: {why}")
+        return {"ran": False, "why": why}
+    log = s.out / "tests_cuda.log"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_cuda_", str(GRAPH_TESTS)]
+    s.say(f"tests: pytest {' '.join(argv[3:])}")
+    started = time.monotonic()
+    rc = run_bounded(argv, log, TESTS_SHARE * s.budget_s)
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    summary = text.strip().splitlines()[-1] if text.strip() else ""
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary)}
+    if rc != 0:
+        s.found.setdefault("problems", []).append(
+            f"cuda tests {'stopped at their share of the budget' if rc is None else f'exited {rc}'} "
+            f"(log: tests_cuda.log): {summary}")
+    return {"ran": True, "exit": rc, "seconds": round(time.monotonic() - started, 1), "summary": summary, **counts}
 
 
 def bench_rows(s: Sprint) -> list[dict[str, Any]]:
@@ -167,6 +201,10 @@ def report(s: Sprint, summary: dict[str, Any], rows: list[dict[str, Any]], rc: i
         lines.append(f"  at {e.get('wall_s', 0):>6.0f}s  opt {e.get('opt_steps', 0):>8,}  "
                      f"env {e.get('env_steps', 0):>11,.0f}  "
                      f"return {e.get('return_mean', 0):6.1f} ± {e.get('return_std', 0):.1f}")
+    tests = s.found.get("cuda_tests") or {}
+    lines.append("cuda tests       " + (f"{tests.get('summary') or 'no summary'} ({tests.get('seconds')}s, exit "
+                                        f"{tests.get('exit')}; tests_cuda.log)" if tests.get("ran")
+                                        else f"not run: {tests.get('why', '-')}"))
     lines += [
         f"learner          {summary.get('opt_steps', 0):,} updates ({fmt(summary.get('opt_steps_per_s'))}/s) of batch "
         f"{s.found.get('batch_size')}; samples per insert {fmt(summary.get('samples_per_insert'))}; skipped "
@@ -220,6 +258,7 @@ def run_sprint(s: Sprint) -> int:
     s.found["batch_size"] = cfg.agent.batch_size
     s.found["host"] = host_facts(s.device)
     s.say(f"host: {json.dumps(s.found['host'])}")
+    s.found["cuda_tests"] = cuda_tests(s)
     rows = bench_rows(s)
     rc, seconds = train(s)
     summary = read_json(s.out / "run" / SUMMARY_FILE) or {}
@@ -258,6 +297,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="the learner's device (default: cuda where there is one, else cpu)")
     p.add_argument("--bench", choices=("quick", "smoke", "none"), default="quick",
                    help="the cnn bench group's length (default quick; smoke for a plumbing check)")
+    p.add_argument("--tests", choices=("cuda", "none"), default="cuda",
+                   help="cuda: first run the captured-update tests (tests/agents/test_graphs.py -k test_cuda_)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable)")
 
@@ -271,5 +312,6 @@ def cmd_sprint(args: argparse.Namespace) -> int:
     cores = len(os.sched_getaffinity(0))
     actors = args.actors if args.actors is not None else max(1, cores - 2)
     sprint = Sprint(out=Path(args.out), config=config.resolve(), budget_s=args.budget_s, actors=actors,
-                    device=args.device or default_device(), bench=args.bench, overrides=list(args.overrides))
+                    device=args.device or default_device(), bench=args.bench, tests=args.tests,
+                    overrides=list(args.overrides))
     return run_sprint(sprint)

@@ -153,6 +153,9 @@ def _check_ranges(cfg: Config, source: str) -> None:
     if not 0 <= cfg.env.batch <= cfg.env.num_envs:
         raise ConfigError(f"{source}: env.batch must be within 0..env.num_envs ({cfg.env.num_envs}), "
                           f"got {cfg.env.batch}")
+    if cfg.agent.compile == "graph" and cfg.run.device == "cpu":
+        raise ConfigError(f"{source}: agent.compile: graph needs a CUDA device, but run.device is cpu "
+                          "(set run.device to cuda or auto, or agent.compile to auto or none)")
     if cfg.agent.batch_size > cfg.replay.capacity:
         raise ConfigError(f"{source}: agent.batch_size ({cfg.agent.batch_size}) exceeds "
                           f"replay.capacity ({cfg.replay.capacity})")

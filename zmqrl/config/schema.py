@@ -63,6 +63,7 @@ class AgentConfig:
     gamma: float = 0.99  # discount factor
     n_step: int = 3  # n-step returns
     batch_size: int = 64  # transitions per optimisation step
+    compile: str = "auto"  # learner updates: graph (one CUDA graph each), none (eager), auto (graph on CUDA, else none)
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
     POSITIVE: ClassVar[tuple[str, ...]] = ()
@@ -190,6 +191,7 @@ CHOICE_KEYS: dict[str, tuple[str, ...]] = {
     "net.compress": ("none", "lz4", "zstd"),
     "replay.compress": ("none", "lz4", "zstd"),
     "env.backend": ("auto", "gymnasium", "envpool"),
+    "agent.compile": ("auto", "none", "graph"),
 }
 POSITIVE_KEYS = {
     "run.torch_threads", "run.artifact_max_mb",

@@ -24,7 +24,6 @@ from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
 from zmqrl.agents.dqn.numpy_policy import td_priorities
 from zmqrl.agents.qtarget import TargetQAgent
 from zmqrl.agents.torch_util import (
-    PendingStep,
     clip_gradients,
     load_module_params,
     module_params,
@@ -103,7 +102,13 @@ class DQNPolicy:
 
 
 class DQNAgent(TargetQAgent, DQNPolicy):
-    """The learner's side of DQN: target network, optimiser and the update rule."""
+    """The learner's side of DQN: target network, optimiser and the update rule.
+
+    One update (:meth:`update_step`): the loss of a batch, its gradients clipped, Adam's step (skipped on
+    the device where the loss or the gradients are not finite), |TD error| priorities. The MLP network's
+    loss and gradients are written out (:class:`ExplicitMLPLoss`); the CNN's go through autograd. It runs
+    eagerly or as one CUDA graph (``agent.compile``, :mod:`zmqrl.agents.graphs`).
+    """
 
     def __init__(self, cfg: DQNConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Discrete,
                  device: torch.device | str = "cpu", seed: int = 0) -> None:
@@ -111,38 +116,26 @@ class DQNAgent(TargetQAgent, DQNPolicy):
         self.init_learner(build_q_network(cfg, obs_space, self.num_actions))
         self._explicit = (ExplicitMLPLoss(self.q, self.target, cfg.double, cfg.loss == "huber")
                           if isinstance(self.q, MLPQNetwork) and isinstance(self.target, MLPQNetwork) else None)
+        self.init_updates()
 
     METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "skipped")
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
 
-    def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
-        """One gradient step on a sampled batch; returns metrics and |TD error| priorities
-        (:meth:`update_deferred`, its results read at once)."""
-        return self.update_deferred(batch).read()
-
-    def update_deferred(self, batch: Mapping[str, np.ndarray]) -> PendingStep:
-        """One gradient step on a sampled batch, queued; its metrics and |TD error| priorities are read
-        from the :class:`PendingStep` (on CUDA without waiting for the device until then).
-
-        The batch reaches the device through :class:`BatchStager` (pinned and non-blocking on
-        CUDA), and metrics and priorities come back in one device-to-host copy. The MLP network's
-        loss and gradients are written out (:class:`ExplicitMLPLoss`); the CNN's go through autograd.
-        """
+    def update_step(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One gradient step on staged tensors: metrics, then |TD error| priorities, in one tensor."""
         if self._explicit is None:
-            return self._autograd_step(batch)
-        obs, action, reward, next_obs, discount, weights = self._tensors(batch)
+            return self._autograd_step(t)
+        obs, action, reward, next_obs, discount, weights = self._inputs(t)
         loss, q, td, grad_norm = self._explicit(obs, action, reward, next_obs, discount, weights,
                                                 self.cfg.max_grad_norm)
-        skipped = nonfinite(loss, grad_norm)
-        self.optimizer.step_unless(skipped)
-        return self._finish_step(loss, q, td, grad_norm, skipped)
+        return self._apply(loss, q, td, grad_norm)
 
     def update_autograd(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
-        """:meth:`update` through autograd, for any network."""
-        return self._autograd_step(batch).read()
+        """:meth:`update` through autograd, for any network, run eagerly (the written-out update's reference)."""
+        return self.eager_update(batch, self._autograd_step).read()
 
-    def _autograd_step(self, batch: Mapping[str, np.ndarray]) -> PendingStep:
-        obs, action, reward, next_obs, discount, weights = self._tensors(batch)
+    def _autograd_step(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        obs, action, reward, next_obs, discount, weights = self._inputs(t)
         with torch.no_grad():
             target_q = self.target(next_obs)
             if self.cfg.double:
@@ -160,28 +153,23 @@ class DQNAgent(TargetQAgent, DQNPolicy):
             elementwise = 0.5 * td.pow(2)
         loss = (weights * elementwise).mean()
 
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grads(self.optimizer)
         loss.backward()
         grad_norm = clip_gradients(self.q, self.cfg.max_grad_norm)
-        skipped = nonfinite(loss, grad_norm)
-        self.optimizer.step_unless(skipped)
-        return self._finish_step(loss.detach(), q.detach(), td.detach(), grad_norm.detach(), skipped)
+        return self._apply(loss.detach(), q.detach(), td.detach(), grad_norm.detach())
 
-    def _tensors(self, batch: Mapping[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
-        """``obs, action (B, 1) int64, reward, next_obs, discount, weights`` (ones if absent) on the device."""
-        t = self.stager({k: batch[k] for k in self.BATCH_KEYS if k in batch})
+    @staticmethod
+    def _inputs(t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """``obs, action (B, 1) int64, reward, next_obs, discount, weights`` (ones if absent) from staged tensors."""
         reward = t["reward"].float()
         weights = t["weights"].float() if "weights" in t else torch.ones_like(reward)
         return t["obs"], t["action"].long().unsqueeze(1), reward, t["next_obs"], t["discount"].float(), weights
 
-    def _finish_step(self, loss: torch.Tensor, q: torch.Tensor, td: torch.Tensor, grad_norm: torch.Tensor,
-                     skipped: torch.Tensor) -> PendingStep:
-        """Count the step, update the target when due; metrics and priorities on their way to the host in
-        one copy. ``skipped`` (1.0 when the loss or gradients were not finite and the step was not
-        applied) is the metric ``skipped``."""
-        self.opt_steps += 1
-        if self.opt_steps % self.cfg.target_update_interval == 0:
-            self.update_target()
+    def _apply(self, loss: torch.Tensor, q: torch.Tensor, td: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """Adam's step unless the loss or the gradients are not finite (the metric ``skipped``, 1.0 then);
+        metrics and priorities in one tensor."""
+        skipped = nonfinite(loss, grad_norm)
+        self.optimizer.step_unless(skipped)
         td_abs = td.abs().float()
         stats = torch.stack([loss, q.mean(), td_abs.mean(), grad_norm, skipped]).float()
-        return PendingStep.on_host(self.METRICS, torch.cat([stats, td_abs]))
+        return torch.cat([stats, td_abs])

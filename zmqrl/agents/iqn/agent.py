@@ -31,7 +31,6 @@ from zmqrl.agents.iqn.networks import IQNNetwork, mlp_iqn, nature_cnn_iqn
 from zmqrl.agents.iqn.numpy_policy import draw_taus, midpoint_taus
 from zmqrl.agents.qtarget import TargetQAgent
 from zmqrl.agents.torch_util import (
-    PendingStep,
     clip_gradients,
     load_module_params,
     module_params,
@@ -132,7 +131,8 @@ class IQNAgent(TargetQAgent, IQNPolicy):
     """The learner's side of IQN: target network, optimiser and the update rule.
 
     The fractions of the loss are drawn from the agent's own torch generator on the device, whose
-    state is part of :meth:`state_dict`, so a resumed run draws what the uninterrupted one would.
+    state is part of :meth:`state_dict`, so a resumed run draws what the uninterrupted one would; a
+    captured update draws from it too (registered with the graph: torch's graph-safe philox state).
     """
 
     def __init__(self, cfg: IQNConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Discrete,
@@ -141,6 +141,7 @@ class IQNAgent(TargetQAgent, IQNPolicy):
         self.init_learner(build_iqn_network(cfg, obs_space, self.num_actions))
         self.tau_rng = torch.Generator(device=self.device)
         self.tau_rng.manual_seed(seed)
+        self.init_updates()
 
     METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "skipped")
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
@@ -148,20 +149,12 @@ class IQNAgent(TargetQAgent, IQNPolicy):
     def _draw(self, rows: int, k: int) -> torch.Tensor:
         return torch.rand(rows, k, device=self.device, generator=self.tau_rng)
 
-    def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
-        """One gradient step on a sampled batch; returns metrics and new priorities
-        (:meth:`update_deferred`, its results read at once)."""
-        return self.update_deferred(batch).read()
+    def graph_generators(self) -> list[torch.Generator]:
+        return [self.tau_rng]
 
-    def update_deferred(self, batch: Mapping[str, np.ndarray]) -> PendingStep:
-        """One gradient step on a sampled batch, queued; its metrics and new priorities are read from
-        the :class:`PendingStep` (on CUDA without waiting for the device until then).
-
-        The batch reaches the device through :class:`BatchStager` (pinned and non-blocking on
-        CUDA), and metrics and priorities come back in one device-to-host copy.
-        """
+    def update_step(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One gradient step on staged tensors: metrics, then the new priorities, in one tensor."""
         cfg = self.cfg
-        t = self.stager({k: batch[k] for k in self.BATCH_KEYS if k in batch})
         obs = t["obs"]
         action = t["action"].long()
         reward = t["reward"].float()
@@ -185,22 +178,18 @@ class IQNAgent(TargetQAgent, IQNPolicy):
         per_sample = rho.sum(dim=2).mean(dim=1)
         loss = (weights * per_sample).mean()
 
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grads(self.optimizer)
         loss.backward()
         grad_norm = clip_gradients(self.q, cfg.max_grad_norm)
         skipped = nonfinite(loss, grad_norm)
         self.optimizer.step_unless(skipped)
-        self.opt_steps += 1
-        if self.opt_steps % cfg.target_update_interval == 0:
-            self.update_target()
 
         with torch.no_grad():
             priorities = rho.detach().mean(dim=(1, 2)).float()
             q = pred.detach().mean(dim=1)
             td_abs = (target.mean(dim=1) - q).abs()
             stats = torch.stack([loss.detach(), q.mean(), td_abs.mean(), grad_norm.detach(), skipped]).float()
-            return PendingStep.on_host(self.METRICS, torch.cat([stats, priorities]))
-
+            return torch.cat([stats, priorities])
 
     def state_dict(self) -> dict[str, Any]:
         """As :class:`TargetQAgent`'s, and the fraction generator, for resuming exactly."""

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zmqrl.agents.graphs import Bindings, CompiledUpdates
 from zmqrl.agents.sac.config import SACConfig
 from zmqrl.agents.sac.networks import (
     Actor,
@@ -36,7 +37,6 @@ from zmqrl.agents.sac.numpy_policy import ActionBounds, explore_actions
 from zmqrl.agents.staging import BatchStager
 from zmqrl.agents.torch_util import (
     Adam,
-    PendingStep,
     clip_gradients,
     load_module_params,
     module_params,
@@ -102,8 +102,13 @@ class SACPolicy:
         return None
 
 
-class SACAgent(SACPolicy):
-    """The learner's side of SAC: critics, their targets, the entropy coefficient and the update."""
+class SACAgent(CompiledUpdates, SACPolicy):
+    """The learner's side of SAC: critics, their targets, the entropy coefficient and the update.
+
+    One update (:meth:`update_step`) steps the critics, the actor and alpha, and runs eagerly or as one
+    CUDA graph (``agent.compile``, :mod:`zmqrl.agents.graphs`); its draws come from the agent's own
+    generator (registered with the graph), its Polyak update every ``target_update_interval`` steps.
+    """
 
     METRICS = ("critic_loss", "actor_loss", "alpha", "alpha_loss", "entropy", "q_mean", "td_abs_mean", "skipped")
     BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
@@ -125,6 +130,7 @@ class SACAgent(SACPolicy):
         self.half_range = torch.as_tensor(self.bounds.half_range, device=self.device)
         self.opt_steps = 0
         self.stager = BatchStager(self.device)  # how batches reach the device (replaceable: pinned or not)
+        self.init_updates()
 
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised squashed actions in [-1, 1] and their log-probabilities."""
@@ -141,22 +147,26 @@ class SACAgent(SACPolicy):
     def alpha(self) -> float:
         return float(self.log_alpha.detach().exp())
 
-    def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
-        """One step of the critics, the actor and alpha; returns metrics and priorities
-        (:meth:`update_deferred`, its results read at once)."""
-        return self.update_deferred(batch).read()
+    def optimizers(self) -> list[Adam]:
+        alpha = [] if self.alpha_optimizer is None else [self.alpha_optimizer]
+        return [self.actor_optimizer, self.critic_optimizer, *alpha]
 
-    def update_deferred(self, batch: Mapping[str, np.ndarray]) -> PendingStep:
-        """One step of the critics, the actor and alpha, queued; its metrics and priorities are read
-        from the :class:`PendingStep` (on CUDA without waiting for the device until then).
+    def graph_bindings(self) -> Bindings:
+        """Networks, targets, alpha, their gradients and the optimisers' state: what a captured update must
+        find in place."""
+        return Bindings((self.actor, self.critics, self.targets), self.optimizers(),
+                        (self.log_alpha, self.low, self.half_range))
+
+    def graph_generators(self) -> list[torch.Generator]:
+        return [self.noise]
+
+    def update_step(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One step of the critics, the actor and alpha on staged tensors: metrics, then priorities.
 
         ``critic_loss`` is the sum over critics of each one's (importance-weighted) mean loss;
         ``alpha`` is the coefficient this step used, ``entropy`` the mean of -log pi over the
-        batch. Priorities are |TD error| averaged over the critics. The batch reaches the device
-        through :class:`BatchStager`, and metrics and priorities come back in one
-        device-to-host copy.
+        batch. Priorities are |TD error| averaged over the critics.
         """
-        t = self.stager({k: batch[k] for k in self.BATCH_KEYS if k in batch})
         obs, next_obs = t["obs"].float(), t["next_obs"].float()
         action = self.squashed(t["action"])
         reward, discount = t["reward"].float(), t["discount"].float()
@@ -189,7 +199,7 @@ class SACAgent(SACPolicy):
         log_prob = log_prob.detach()
         if self.alpha_optimizer is not None:
             alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
-            self.alpha_optimizer.zero_grad(set_to_none=True)
+            self.zero_grads(self.alpha_optimizer)
             alpha_loss.backward()
             skipped = torch.maximum(skipped, nonfinite(alpha_loss))
             self.alpha_optimizer.step_unless(skipped)
@@ -197,21 +207,17 @@ class SACAgent(SACPolicy):
         else:
             alpha_loss = torch.zeros((), device=self.device)
 
-        self.opt_steps += 1
-        if self.opt_steps % self.cfg.target_update_interval == 0:
-            self.update_targets()
-
         td_abs = td.detach().abs().mean(dim=0)
         stats = torch.stack([critic_loss.detach(), actor_loss.detach(), alpha, alpha_loss, -log_prob.mean(),
                              q.detach().mean(), td_abs.mean(), skipped]).float()
-        return PendingStep.on_host(self.METRICS, torch.cat([stats, td_abs.float()]))
+        return torch.cat([stats, td_abs.float()])
 
     def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, module: nn.Module,
               skip: torch.Tensor | None = None) -> torch.Tensor:
         """Backward and one step of ``optimizer``, not applied where the loss or the gradients are not
         finite, or ``skip`` (an earlier part of this update was not applied: none of it is); returns
         whether it was skipped (a 0-d tensor, see :func:`nonfinite`)."""
-        optimizer.zero_grad(set_to_none=True)
+        self.zero_grads(optimizer)
         loss.backward()
         grad_norm = clip_gradients(module, self.cfg.max_grad_norm)
         skipped = nonfinite(loss, grad_norm)
@@ -221,7 +227,7 @@ class SACAgent(SACPolicy):
         return skipped
 
     @torch.no_grad()
-    def update_targets(self) -> None:
+    def update_target(self) -> None:
         """Polyak averaging: ``target <- (1 - tau) * target + tau * critic``."""
         torch._foreach_lerp_(list(self.targets.parameters()), list(self.critics.parameters()), self.cfg.tau)
 
