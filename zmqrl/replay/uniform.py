@@ -97,6 +97,11 @@ class UniformReplay:
         return self._pool.nbytes if self._pool is not None else 0
 
     @property
+    def frames_held(self) -> int:
+        """Distinct frames the frame pool holds now (0 without one)."""
+        return len(self._pool) if self._pool is not None else 0
+
+    @property
     def frame_keys(self) -> tuple[str, ...]:
         """Keys whose frames are stored once in the frame pool (empty when none are)."""
         return tuple(self._frame_refs)
