@@ -60,7 +60,7 @@ def _agent_and_replay(c: Context, device: str, batch_size: int, compile: str,
 
     path = c.configs(CONFIG)[0]
     cfg = load_config(path, f"replay.capacity={POOL}", f"agent.batch_size={batch_size}", "env.num_envs=8",
-                      f"run.device={device}", f"agent.compile={compile}")
+                      f"run.device={device}", f"agent.compile={compile}", "replay.device=cpu")  # (host: "host" rows)
     agent = make_task(cfg).agent(device=device, seed=0)
     return agent, _replay(cfg, path, replay_on), path.name
 
@@ -134,6 +134,14 @@ def _updates_per_second(c: Context, device: str, batch_size: int, mode: str, sam
     """Deferred updates/s of the update run ``mode`` (eager, static or graph) on one fixed batch, or on
     sampled batches with their priorities written back (from the replay ``replay_on`` names, as for
     :func:`_agent_and_replay`); the capture, if any, happens before the clock."""
+    step = _prepared_loop(c, device, batch_size, mode, sampled, replay_on)
+    return calls_per_second(step, max(0.5, c.settings.actor_s))
+
+
+def _prepared_loop(c: Context, device: str, batch_size: int, mode: str, sampled: bool = True,
+                   replay_on: str = "host") -> Callable[[], None]:
+    """The step :func:`_updates_per_second` times, its warm-up updates and capture done (each step reads the one
+    before: the device is never more than a step behind what a window counts)."""
     import torch
 
     from zmqrl.agents.graphs import WARMUP
@@ -146,10 +154,9 @@ def _updates_per_second(c: Context, device: str, batch_size: int, mode: str, sam
             else _deferred_loop(agent, lambda: fixed))
     for _ in range({"graph": WARMUP + 1, "static": 1}.get(mode, 0)):  # warm-up updates and the capture (or binding)
         step()
-    rate = calls_per_second(step, max(0.5, c.settings.actor_s))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return rate
+    return step
 
 
 def cpu_static_row(c: Context) -> tuple[Row, float, float]:
@@ -210,7 +217,7 @@ def _alternate(c: Context, steps: dict[str, Callable[[], None]], seconds: float)
 def _pong_cfg(c: Context, batch_size: int, device: str) -> tuple[Any, Path]:
     path = c.configs(CONFIG)[0]
     return load_config(path, f"replay.capacity={POOL}", f"agent.batch_size={batch_size}", "env.num_envs=8",
-                       f"run.device={device}"), path
+                       f"run.device={device}", "replay.device=cpu"), path
 
 
 def _held(replay: Any) -> str:
@@ -237,12 +244,14 @@ def torch_replay_cpu_rows(c: Context) -> list[Row]:
             f"device's code with device=cpu (items and frames in CPU tensors, stacks gathered by torch; "
             f"{_held(torch_replay)}) vs the numpy replay; on a CPU both gather in host memory, so this is what that "
             f"code costs here, not what a GPU gains; medians of {len(rates['torch'])} alternated windows"))
-    torch_step = _updates_per_second(c, "cpu", 32, "eager", sampled=True, replay_on="cpu")
-    numpy_step = _updates_per_second(c, "cpu", 32, "eager", sampled=True)
+    loops = {"torch": _prepared_loop(c, "cpu", 32, "eager", replay_on="cpu"),
+             "numpy": _prepared_loop(c, "cpu", 32, "eager")}
+    rates = _alternate(c, loops, max(0.5, c.settings.actor_s))
     rows.append(make_row(
-        "cnn_learner_b32_cpu_torch_replay", torch_step, numpy_step, "opt steps/s",
+        "cnn_learner_b32_cpu_torch_replay", median(rates["torch"]), median(rates["numpy"]), "opt steps/s",
         f"{CONFIG}: DQN Nature CNN, batch 32, 1 torch thread on CPU, the learner's loop (sample, eager update read "
-        "one step late, priorities back) with replay on the device's code on device=cpu vs the numpy replay"))
+        "one step late, priorities back) with replay on the device's code on device=cpu vs the numpy replay; "
+        f"medians of {len(rates['torch'])} alternated windows"))
     return rows
 
 
@@ -287,16 +296,18 @@ def device_replay_rows(c: Context) -> list[Row]:
 
     rows = []
     for batch_size in CUDA_BATCHES:
-        on_device = _updates_per_second(c, "cuda", batch_size, "graph", sampled=True, replay_on="cuda")
-        tree = _updates_per_second(c, "cuda", batch_size, "graph", sampled=True, replay_on="cuda/device")
-        host = _updates_per_second(c, "cuda", batch_size, "graph", sampled=True)
+        loops = {where: _prepared_loop(c, "cuda", batch_size, "graph", replay_on=where)
+                 for where in ("cuda", "host", "cuda/device")}
+        rates = _alternate(c, loops, max(0.5, c.settings.actor_s))
         held = _held(_replays[(c.configs(CONFIG)[0], "cuda")])
         rows.append(make_row(
-            f"cnn_learner_b{batch_size}_cuda_device_replay", on_device, host, "opt steps/s",
+            f"cnn_learner_b{batch_size}_cuda_device_replay", median(rates["cuda"]), median(rates["host"]),
+            "opt steps/s",
             f"{CONFIG}: batch {batch_size} on {torch.cuda.get_device_name()}, the learner's loop (sample, update "
             f"captured as a CUDA graph and read one step late, priorities back) with replay on the device (host sum "
             f"tree, indices sent over; {held}) vs host replay (numpy, batches staged through pinned memory); with "
-            f"the sum tree's copy on the device: {tree:.0f}/s"))
+            f"the sum tree's copy on the device: {median(rates['cuda/device']):.0f}/s; medians of "
+            f"{len(rates['cuda'])} alternated windows"))
     return rows
 
 
