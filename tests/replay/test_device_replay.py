@@ -6,10 +6,11 @@ finds; a replay that cannot fit its device is refused naming the key; only the l
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -282,3 +283,61 @@ def test_stacks_and_items_of_other_layouts_are_gathered_on_the_device() -> None:
     images = make_device_replay("cpu", 8, False, frame_stack=1)
     images.add({"obs": np.random.default_rng(0).integers(0, 255, (5, 6, 7, 3), dtype=np.uint8)})
     np.testing.assert_array_equal(images.gather(np.arange(5))["obs"].numpy(), images.get(np.arange(5))["obs"])
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@contextlib.contextmanager
+def no_device_waits() -> Iterator[None]:
+    """Any operation inside that makes the host wait for the device raises (torch's sync debug mode)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@needs_cuda
+@pytest.mark.parametrize("sum_tree", ["host", "device"])
+def test_cuda_replay_on_the_gpu_is_the_numpy_replays_and_never_waits_for_the_device(sum_tree: str) -> None:
+    """On CUDA: inserts (``add`` and ``add_frames``), samples and priorities one step late never make the host
+    wait for the device, and the batches, priorities and contents are the numpy replay's."""
+    host = make_replay(CAPACITY, True, seed=3, frame_stack=STACK)
+    device = make_device_replay("cuda", CAPACITY, True, seed=3, frame_stack=STACK, sum_tree=sum_tree)
+    feed([host, device], steps=6)  # (storage allocated, its size checked against the device's free memory)
+    torch.cuda.synchronize()
+    rng = np.random.default_rng(7)
+    batches: list[tuple[dict[str, np.ndarray], dict[str, Any]]] = []
+    previous: tuple[Any, np.ndarray, int] | None = None
+    for step in range(12):
+        sampled_at = device.num_added
+        with no_device_waits():
+            if step % 4 == 2:
+                feed([device], steps=9, seed=200 + step)
+            got = device.sample(32)
+        torch.cuda.synchronize()  # (the learner waits here for the last step's results: its priorities)
+        with no_device_waits():
+            if previous is not None:
+                device.update_priorities(previous[0], previous[1], sampled_at=previous[2])
+        if step % 4 == 2:
+            feed([host], steps=9, seed=200 + step)
+        want = host.sample(32)
+        if previous is not None:
+            host.update_priorities(batches[-1][0]["indices"], previous[1], sampled_at=previous[2])
+        batches.append((want, got))
+        previous = (got["indices"], rng.random(32) * 3, sampled_at)
+    torch.cuda.synchronize()
+    for want, got in batches:
+        got_host = host_arrays(got)
+        for key in want:
+            if key == "weights":
+                np.testing.assert_allclose(got_host[key], want[key], rtol=1e-6)
+            else:
+                np.testing.assert_array_equal(got_host[key], want[key], err_msg=key)
+    assert host.state_dict() == device.state_dict()
+    assert isinstance(device, PrioritizedDeviceReplay)
+    np.testing.assert_array_equal(host.tree.leaves, device.tree.leaves)
+    everything = np.arange(len(device))
+    for key, tensor in device.gather(everything).items():
+        np.testing.assert_array_equal(tensor.cpu().numpy(), host.get(everything)[key], err_msg=key)

@@ -3,8 +3,9 @@
 In order, all inside ``--budget-s`` (default 540 s, so the whole command fits 9 minutes):
 
 1. the host: cores, torch, the GPU;
-2. the captured-update tests (``pytest tests/agents/test_graphs.py -k test_cuda_``: each algorithm's update
-   captured as a CUDA graph equals its eager update), within ``TESTS_SHARE`` of the budget, into
+2. the CUDA tests (``pytest tests/agents/test_graphs.py tests/replay/test_device_replay.py -k test_cuda_``:
+   each algorithm's update captured as a CUDA graph equals its eager update; replay on the GPU is the numpy
+   replay's and never makes the host wait for the device), within ``TESTS_SHARE`` of the budget, into
    ``tests_cuda.log``; they come before the run, which trains with graphs (``agent.compile: auto``);
 3. the ``cnn`` bench group (the learner's Nature-CNN update on real Pong batches: on CPU, and on
    CUDA at batch 32, 256 and 512 with pinned staging against plain copies, captured as a CUDA
@@ -47,7 +48,7 @@ from zmqrl.run.rundir import CONFIG_FILE, SUMMARY_FILE, read_json, write_json_at
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "configs" / "pong_dqn_gpu.yaml"
-GRAPH_TESTS = REPO / "tests" / "agents" / "test_graphs.py"
+CUDA_TESTS = (REPO / "tests" / "agents" / "test_graphs.py", REPO / "tests" / "replay" / "test_device_replay.py")
 STOP_RESERVE_S = 45.0  # after max_seconds: the learner's final checkpoint, every role's exit, the plot
 TESTS_SHARE = 0.15  # at most this part of the budget for the CUDA tests (their set takes under 60 s on an H100)
 # At most this part of the budget for the bench group: about 90 s on an H100 before the rows of replay on the
@@ -66,7 +67,7 @@ class Sprint:
     actors: int
     device: str
     bench: str  # quick, smoke or none
-    tests: str = "cuda"  # cuda (the captured-update tests) or none
+    tests: str = "cuda"  # cuda (the CUDA tests: captured updates, replay on the GPU) or none
     overrides: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     found: dict[str, Any] = field(default_factory=dict)
@@ -106,16 +107,18 @@ def run_bounded(argv: list[str], log: Path, timeout_s: float) -> int | None:
 
 
 def cuda_tests(s: Sprint) -> dict[str, Any]:
-    """The captured-update tests, bounded by ``TESTS_SHARE`` of the budget: their counts (passed, failed,
+    """The CUDA tests, bounded by ``TESTS_SHARE`` of the budget: their counts (passed, failed,
     skipped, ...) and exit code, or why they did not run. A failure is one of the sprint's problems."""
     if s.tests == "none":
         return {"ran": False, "why": "--tests none"}
-    if not GRAPH_TESTS.is_file() or importlib.util.find_spec("pytest") is None:
-        why = f"no {GRAPH_TESTS.relative_to(REPO)} here" if not GRAPH_TESTS.is_file() else "pytest is not installed"
+    missing = [path for path in CUDA_TESTS if not path.is_file()]
+    if missing or importlib.util.find_spec("pytest") is None:
+        why = f"no {missing[0].relative_to(REPO)} here" if missing else "pytest is not installed"
         s.found.setdefault("problems", []).append(f"cuda tests not run: {why}")
         return {"ran": False, "why": why}
     log = s.out / "tests_cuda.log"
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_cuda_", str(GRAPH_TESTS)]
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_cuda_",
+            *map(str, CUDA_TESTS)]
     s.say(f"tests: pytest {' '.join(argv[3:])}")
     started = time.monotonic()
     rc = run_bounded(argv, log, TESTS_SHARE * s.budget_s)
@@ -306,7 +309,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench", choices=("quick", "smoke", "none"), default="quick",
                    help="the cnn bench group's length (default quick; smoke for a plumbing check)")
     p.add_argument("--tests", choices=("cuda", "none"), default="cuda",
-                   help="cuda: first run the captured-update tests (tests/agents/test_graphs.py -k test_cuda_)")
+                   help="cuda: first run the CUDA tests (captured updates, replay on the GPU: -k test_cuda_)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable)")
 

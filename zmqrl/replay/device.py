@@ -426,7 +426,8 @@ class PrioritizedDeviceReplay(_OnDevice, PrioritizedReplay):
             return np.asarray(indices)
         for leaves, host, done in self._indices_back:
             if leaves is indices:
-                done.synchronize()  # (long done: the step that trained on the batch has been read)
+                if not done.query():  # (done long before in the learner: the step that trained on it was read)
+                    done.synchronize()
                 return host.numpy().copy()
         return indices.cpu().numpy()
 
