@@ -80,6 +80,7 @@ def test_the_bench_subcommand_takes_its_flags() -> None:
     assert args.quick and args.seeds == 2 and args.sb3 and args.sb3_python == "/x/python"
 
 
+@pytest.mark.slow
 def test_help_lists_every_group() -> None:
     done = subprocess.run([sys.executable, "-m", "zmqrl.cli", "bench", "--help"], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
@@ -168,6 +169,7 @@ def test_missing_or_non_finite_figures_give_no_verdict() -> None:
 # --- the package -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_harness_imports_no_group_and_names_no_algorithm() -> None:
     code = "import sys, zmqrl.bench.harness; print(' '.join(sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
@@ -262,6 +264,7 @@ def test_sb3_is_optional(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tmp_path: Path) -> None:
     """A learner-row feeder, as a real helper process: no batch before the first model, none while
     control says ``pause``, batches once it is cleared, exactly a grant's ``allow`` when no other
@@ -327,6 +330,7 @@ def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tm
 # --- measurements ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_replay_rows(tmp_path: Path) -> None:
     out = tmp_path / "replay.json"
     assert bench.main(["--only", "replay", "--json", str(out)]) == 0
@@ -349,6 +353,7 @@ def test_replay_rows(tmp_path: Path) -> None:
     assert "capacity 1,000,000" in atari["note"] and "GiB" in atari["note"]
 
 
+@pytest.mark.slow
 def test_envs_rows(tmp_path: Path) -> None:
     """EnvPool against the gymnasium chain, env alone and inside the acting loop (smoke durations:
     the figures are plumbing, the row set and their units are not)."""
@@ -423,6 +428,7 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
 # --- soak -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_soak_lives_beside_the_bench() -> None:
     for module in ("zmqrl.bench.soak", "zmqrl.bench"):
         done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,

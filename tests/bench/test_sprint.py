@@ -30,6 +30,7 @@ def sprint(out: Path, *args: str, timeout: float = 300.0) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> None:
     out = tmp_path / "sprint"
     done = sprint(out, "--config", str(CATCH), "--budget-s", str(BUDGET_S), "--actors", "1", "--device", "cpu",
@@ -59,8 +60,13 @@ def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> 
     assert report == done.stdout[done.stdout.index("zmqrl sprint:"):]  # the printed report is the file's
     assert f"best {summary['best_eval_return']:.2f}" in report and "env steps/s each" in report
     assert f"cuda tests       {tests['summary']}" in report
+    alone = next(r for r in json.loads((out / "bench_cnn.json").read_text()) if r["name"] == "cnn_learner_b32_cpu")
+    assert f"learner alone    {alone['measured']:.2f} updates/s (cnn_learner_b32_cpu); in the job" in report \
+        or f"learner alone    {alone['measured']:,.0f} updates/s (cnn_learner_b32_cpu); in the job" in report, report
+    assert "intake thread" in report and "controls" in report
 
 
+@pytest.mark.slow
 def test_sprint_refuses_a_bad_key_before_running_anything(tmp_path: Path) -> None:
     done = sprint(tmp_path / "o", "--config", str(CATCH), "--set", "agent.nope=1", timeout=120)
     assert done.returncode == 2 and "agent.nope" in done.stderr

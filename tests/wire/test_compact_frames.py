@@ -78,6 +78,7 @@ def assert_same(got: Message, want: dict[str, np.ndarray]) -> None:
 
 
 @pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])
+@pytest.mark.slow
 def test_pong_batches_come_back_as_the_stacks_they_were(pong: Any, codec: str) -> None:
     spec, batch = pong
     assert image_fields(spec) == ("obs", "next_obs") and batch["obs"].shape[1:] == (4, 84, 84)
