@@ -388,6 +388,7 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
                 "actor_pendulum_sac", "actor_pong_dqn", "cnn_learner_b32_cpu", "cnn_update_b32_cpu_static",
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
                 "transport_atari_64_direct", "transport_proxy_cpu_paced", "learner_opt_steps",
+                "learner_opt_steps_pong", "learner_intake_pong", "learner_bytes_throttled",
                 "learner_update_cartpole_dqn", "learner_update_pendulum_sac",
                 "fanin_intake_us_per_batch",
                 "broadcast_1mb", "broadcast_10mb", "startup_s",
@@ -414,7 +415,9 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
         assert by_name[f"transport_{kind}"]["measured"] == by_name[f"transport_{kind}_direct"]["measured"]
     paced = by_name["transport_proxy_cpu_paced"]  # the proxy's CPU per batch with its hold vs without
     assert paced["goal"] is None and paced["unit"] == "us" and "net.proxy_hold_ms=0" in paced["note"], paced
-    assert "subscribe to its models like actors" in by_name["learner_opt_steps"]["note"]
+    assert "subscribe to its models and control like actors" in by_name["learner_opt_steps"]["note"]
+    for name in ("learner_opt_steps_pong", "learner_intake_pong", "learner_bytes_throttled"):  # Pong rows, judged
+        assert by_name[name]["goal"] is not None and by_name[name]["met"] is not None, by_name[name]
     update = by_name["learner_update_cartpole_dqn"]  # written-out vs autograd update, each window's pair listed
     assert update["goal"] is None and len(re.findall(r"\d+/\d+", update["note"].split("windows:")[1])) == 2, update
     for name in ("actor_cartpole_dqn", "actor_pendulum_sac", "actor_pong_dqn"):  # the sink counts what the actor sent
