@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from tiers import seeds
 
 from procs import REPO, Procs, log_tail, zmqrl_argv
 from rigs import perturb_target
+from tiers import seeds
 from zmqrl import cli
 from zmqrl import config as config_mod
 from zmqrl.agents.base import algorithm

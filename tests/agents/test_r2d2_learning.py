@@ -20,8 +20,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from tiers import seeds
 
+from tiers import seeds
 from zmqrl.agents.r2d2.agent import R2D2Agent
 from zmqrl.agents.r2d2.config import R2D2Config
 from zmqrl.agents.r2d2.numpy_policy import NumpyR2D2Policy

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from tiers import seeds
 
 from procs import REPO, Procs, log_tail, zmqrl_argv
+from tiers import seeds
 from zmqrl.run.rundir import read_json
 
 PENDULUM = str(REPO / "configs" / "pendulum_sac.yaml")
