@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import resource
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +21,21 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parent.parent
 CARTPOLE_YAML = REPO / "configs" / "cartpole_dqn.yaml"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--all-seeds", action="store_true",
+                     help="also run the learning tests' extra seeds (marked allseeds): the nightly tier")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without ``--all-seeds`` the extra seeds of learning tests (``tiers.seeds``) are deselected."""
+    if config.getoption("--all-seeds"):
+        return
+    extra = [item for item in items if item.get_closest_marker("allseeds") is not None]
+    if extra:
+        config.hook.pytest_deselected(items=extra)
+        items[:] = [item for item in items if item.get_closest_marker("allseeds") is None]
 
 
 @pytest.fixture
@@ -45,3 +64,44 @@ def zctx() -> Iterator[zmq.Context]:
     ctx = zmq.Context()
     yield ctx
     ctx.destroy(linger=0)
+
+
+# --- the quick tier stays quick -----------------------------------------------------------------------
+
+QUICK_CPU_S = 8.0  # CPU seconds a test outside the slow tier may use (the heaviest quick test takes ~2)
+_COSTS = os.environ.get("ZMQRL_TEST_COSTS")  # a file: one JSON line per test (wall time, CPU time)
+_started: dict[str, tuple[float, float, float]] = {}
+
+
+def _cpu() -> tuple[float, float]:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _started[item.nodeid] = (time.monotonic(), *_cpu())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """After a test's teardown: a test outside the slow tier that started processes (their CPU time shows
+    once they are reaped) or used more than :data:`QUICK_CPU_S` of CPU fails, saying to mark it slow, so
+    ``-m "not slow"`` stays a quick tier; with ``ZMQRL_TEST_COSTS`` each test's costs are written down."""
+    outcome = yield
+    if call.when != "teardown" or item.nodeid not in _started:
+        return
+    wall, own, children = _started.pop(item.nodeid)
+    own_after, children_after = _cpu()
+    cpu, child_cpu = own_after - own, children_after - children
+    slow = item.get_closest_marker("slow") is not None
+    if _COSTS:
+        with open(_COSTS, "a") as fh:
+            fh.write(json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2),
+                                 "cpu_s": round(cpu, 2), "children_cpu_s": round(child_cpu, 2), "slow": slow}) + "\n")
+    report = outcome.get_result()
+    if not slow and report.passed and (child_cpu > 0 or cpu + child_cpu > QUICK_CPU_S):
+        report.outcome = "failed"
+        why = "started processes" if child_cpu > 0 else f"used {cpu + child_cpu:.1f} s of CPU"
+        report.longrepr = (f"{item.nodeid} {why}: mark it @pytest.mark.slow (the quick tier, -m 'not slow', "
+                           f"runs no processes and no test over {QUICK_CPU_S:g} CPU seconds)")

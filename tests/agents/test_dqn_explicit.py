@@ -135,6 +135,7 @@ def test_the_lean_adam_step_is_the_stock_fused_step_bit_for_bit() -> None:
     assert opt.state_dict()["state"][0]["step"].item() == 17  # 15, the lean call above, this one
 
 
+@pytest.mark.slow
 def test_flush_denormals_flushes_in_the_calling_thread_and_restores() -> None:
     """Flushed while asked, restored to what it was; hypothesis and numpy see the thread's state, so
     training in a caller's thread must not leave it changed."""

@@ -22,6 +22,7 @@ import yaml
 
 from procs import REPO, Procs, log_tail, zmqrl_argv
 from rigs import perturb_target
+from tiers import seeds
 from zmqrl import cli
 from zmqrl import config as config_mod
 from zmqrl.agents.base import algorithm
@@ -156,6 +157,7 @@ def test_double_and_plain_targets_differ() -> None:
     assert losses[0] != pytest.approx(losses[1], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_quantiles_learn_a_known_return_distribution() -> None:
     """One state, rewards uniform in [0, 10), no bootstrapping: Z_tau must approach 10 * tau.
     A wrong sign of the indicator (or a swapped sum and mean) ends elsewhere."""
@@ -357,6 +359,7 @@ def test_numpy_policy_rejects_mismatched_params_by_name() -> None:
         policy.load_params({k: v for k, v in good.items() if k != "head.2.bias"})
 
 
+@pytest.mark.slow
 def test_actor_with_iqn_does_not_import_torch() -> None:
     code = ("import sys; import zmqrl.roles.actor; from zmqrl import config; from zmqrl.run.acting import make_task; "
             f"cfg = config.load({str(CARTPOLE_IQN)!r}); task = make_task(cfg); p = task.policy(0); "
@@ -493,7 +496,7 @@ def first_solved(summary: dict) -> dict | None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds(0, 1, 2))
 def test_train_solves_cartpole(tmp_path: Path, procs: Procs, seed: int) -> None:
     run_dir = tmp_path / "run"
     argv = zmqrl_argv("train", "--run-dir", str(run_dir), overrides=[f"run.seed={seed}"], config=CARTPOLE_IQN)

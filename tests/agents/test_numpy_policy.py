@@ -67,6 +67,7 @@ def test_backend_choice() -> None:
         resolve_backend("numpy", numpy_ok=False)
 
 
+@pytest.mark.slow
 def test_actor_and_evaluator_roles_do_not_import_torch() -> None:
     code = ("import sys; import zmqrl.roles.actor, zmqrl.roles.evaluator, zmqrl.roles.proxy; "
             "from zmqrl import config; from zmqrl.run.acting import make_task; "

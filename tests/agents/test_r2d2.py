@@ -99,6 +99,7 @@ def test_r2d2_needs_a_sequence_length_and_others_refuse_one() -> None:
             defaults.rescale_eps, defaults.priority_eta, defaults.lstm_size) == (0.997, 5, 40.0, 2500, 1e-3, 0.9, 512)
 
 
+@pytest.mark.slow
 def test_the_algorithm_entry_and_numpy_policy_do_not_import_torch() -> None:
     code = ("import sys; import gymnasium as gym, numpy as np; from zmqrl import config; "
             "from zmqrl.agents.base import algorithm; "

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from tiers import seeds
 from zmqrl.agents.r2d2.agent import R2D2Agent
 from zmqrl.agents.r2d2.config import R2D2Config
 from zmqrl.agents.r2d2.numpy_policy import NumpyR2D2Policy
@@ -119,7 +120,8 @@ def greedy_answers(actor: NumpyR2D2Policy, seed: int, n: int = 200) -> tuple[np.
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds(0, 1, 2))
+@pytest.mark.slow
 def test_r2d2_remembers_a_cue_through_its_stored_state_and_burn_in(seed: int) -> None:
     agent, actor = train(seed)
     cue, answer, q = greedy_answers(actor, seed)

@@ -565,6 +565,7 @@ def test_config_keys_are_checked() -> None:
         run_cfg(eps_start=1.0)
 
 
+@pytest.mark.slow
 def test_shipped_configs_load_and_fit_their_envs() -> None:
     from pathlib import Path
 
@@ -599,6 +600,7 @@ def test_backend_choice() -> None:
     assert isinstance(SAC_ALGO, SAC)
 
 
+@pytest.mark.slow
 def test_numpy_actor_process_never_imports_torch() -> None:
     code = ("import sys, numpy as np, gymnasium as gym\n"
             "from zmqrl import config\n"

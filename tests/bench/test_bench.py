@@ -80,6 +80,7 @@ def test_the_bench_subcommand_takes_its_flags() -> None:
     assert args.quick and args.seeds == 2 and args.sb3 and args.sb3_python == "/x/python"
 
 
+@pytest.mark.slow
 def test_help_lists_every_group() -> None:
     done = subprocess.run([sys.executable, "-m", "zmqrl.cli", "bench", "--help"], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
@@ -168,6 +169,7 @@ def test_missing_or_non_finite_figures_give_no_verdict() -> None:
 # --- the package -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_harness_imports_no_group_and_names_no_algorithm() -> None:
     code = "import sys, zmqrl.bench.harness; print(' '.join(sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
@@ -262,6 +264,7 @@ def test_sb3_is_optional(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tmp_path: Path) -> None:
     """A learner-row feeder, as a real helper process: no batch before the first model, none while
     control says ``pause``, batches once it is cleared, exactly a grant's ``allow`` when no other
@@ -327,6 +330,7 @@ def test_feeders_wait_for_a_model_and_hold_while_the_learner_asks_for_a_pause(tm
 # --- measurements ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_replay_rows(tmp_path: Path) -> None:
     out = tmp_path / "replay.json"
     assert bench.main(["--only", "replay", "--json", str(out)]) == 0
@@ -349,6 +353,7 @@ def test_replay_rows(tmp_path: Path) -> None:
     assert "capacity 1,000,000" in atari["note"] and "GiB" in atari["note"]
 
 
+@pytest.mark.slow
 def test_envs_rows(tmp_path: Path) -> None:
     """EnvPool against the gymnasium chain, env alone and inside the acting loop (smoke durations:
     the figures are plumbing, the row set and their units are not)."""
@@ -384,6 +389,7 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
                 "cnn_replay_b256_cpu_torch", "cnn_learner_b32_cpu_torch_replay", "cnn_sum_tree_b256_cpu",
                 "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
                 "transport_atari_64_direct", "transport_proxy_cpu_paced", "learner_opt_steps",
+                "learner_opt_steps_pong", "learner_intake_pong", "learner_bytes_throttled",
                 "learner_update_cartpole_dqn", "learner_update_pendulum_sac",
                 "fanin_intake_us_per_batch",
                 "broadcast_1mb", "broadcast_10mb", "startup_s",
@@ -410,7 +416,9 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
         assert by_name[f"transport_{kind}"]["measured"] == by_name[f"transport_{kind}_direct"]["measured"]
     paced = by_name["transport_proxy_cpu_paced"]  # the proxy's CPU per batch with its hold vs without
     assert paced["goal"] is None and paced["unit"] == "us" and "net.proxy_hold_ms=0" in paced["note"], paced
-    assert "subscribe to its models like actors" in by_name["learner_opt_steps"]["note"]
+    assert "subscribe to its models and control like actors" in by_name["learner_opt_steps"]["note"]
+    for name in ("learner_opt_steps_pong", "learner_intake_pong", "learner_bytes_throttled"):  # Pong rows, judged
+        assert by_name[name]["goal"] is not None and by_name[name]["met"] is not None, by_name[name]
     update = by_name["learner_update_cartpole_dqn"]  # written-out vs autograd update, each window's pair listed
     assert update["goal"] is None and len(re.findall(r"\d+/\d+", update["note"].split("windows:")[1])) == 2, update
     for name in ("actor_cartpole_dqn", "actor_pendulum_sac", "actor_pong_dqn"):  # the sink counts what the actor sent
@@ -424,6 +432,7 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
 # --- soak -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_soak_lives_beside_the_bench() -> None:
     for module in ("zmqrl.bench.soak", "zmqrl.bench"):
         done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,

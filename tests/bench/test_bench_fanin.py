@@ -46,6 +46,7 @@ def test_each_step_is_judged_against_the_silent_windows_around_it() -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_small_fanin_run(tmp_path: Path) -> None:
     ctx = harness.Context(harness.Settings.preset("smoke"), tmp_path)
     result = fanin.measure(ctx, 8, proxies=2, processes=2)
@@ -69,6 +70,7 @@ def test_small_fanin_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_intake_row_times_every_queued_batch_into_replay(tmp_path: Path) -> None:
     ctx = harness.Context(harness.Settings.preset("smoke"), tmp_path)
     row = fanin.intake_row(ctx)  # (raises unless all 5 x 100 batches went in, none rejected)

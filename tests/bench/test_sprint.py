@@ -30,6 +30,7 @@ def sprint(out: Path, *args: str, timeout: float = 300.0) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> None:
     out = tmp_path / "sprint"
     done = sprint(out, "--config", str(CATCH), "--budget-s", str(BUDGET_S), "--actors", "1", "--device", "cpu",
@@ -65,8 +66,13 @@ def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> 
     assert f"cuda tests       {tests['summary']}" in report
     assert "replay on host" in report  # (the learner on the CPU: replay.device auto keeps replay there)
     assert "bench cnn_replay_b256_cpu_torch" in report and "12 rows not measured here" in report
+    alone = next(r for r in json.loads((out / "bench_cnn.json").read_text()) if r["name"] == "cnn_learner_b32_cpu")
+    assert f"learner alone    {alone['measured']:.2f} updates/s (cnn_learner_b32_cpu); in the job" in report \
+        or f"learner alone    {alone['measured']:,.0f} updates/s (cnn_learner_b32_cpu); in the job" in report, report
+    assert "intake thread" in report and "controls" in report
 
 
+@pytest.mark.slow
 def test_sprint_refuses_a_bad_key_before_running_anything(tmp_path: Path) -> None:
     done = sprint(tmp_path / "o", "--config", str(CATCH), "--set", "agent.nope=1", timeout=120)
     assert done.returncode == 2 and "agent.nope" in done.stderr

@@ -336,6 +336,7 @@ def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_missing_config_file_exits_2_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "BADFILE.yaml"
     proc = run_cli("train", str(bad), "--run-dir", str(tmp_path / "run"))
@@ -372,6 +373,7 @@ def test_cli_set_without_equals_exits_2(capsys: pytest.CaptureFixture[str]) -> N
     assert "agent.lr" in err and "key=value" in err
 
 
+@pytest.mark.slow
 def test_cli_resume_without_checkpoint_exits_2_naming_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = run_cli("train", str(CARTPOLE_YAML), "--run-dir", str(run_dir), "--resume")
@@ -385,6 +387,7 @@ def test_override_number_like_text_stays_text_for_str_fields() -> None:
     assert cfg.run.name == "1e3" and cfg.agent.lr == pytest.approx(1e-3)
 
 
+@pytest.mark.slow
 def test_cli_taken_port_exits_98_naming_the_address(tmp_path: Path) -> None:
     """A role whose bind address is taken says which and exits 98, the code `zmqrl local` retries on."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
@@ -422,6 +425,7 @@ def test_replay_device_resolves_to_the_host_or_the_learners_cuda_device(monkeypa
     assert replay_device(config.load(None, ["replay.device=cuda", "run.device=auto"])) == "cuda"
 
 
+@pytest.mark.slow
 def test_on_a_host_without_a_gpu_driver_auto_decides_without_torch() -> None:
     """The learner starts inserting before torch has loaded: ``auto`` with ``run.device: auto`` needs no torch
     where no GPU driver is present (nor with ``CUDA_VISIBLE_DEVICES`` empty)."""

@@ -112,6 +112,7 @@ def test_a_lost_life_ends_the_episode_not_the_game_and_games_are_scored_unclippe
         env.close()
 
 
+@pytest.mark.slow
 def test_vector_stepper_and_evaluation_report_whole_games() -> None:
     stepper = VectorStepper(make_vector_env(INVADERS, 2, seed=5), seed=5)
     rng = np.random.default_rng(1)
@@ -165,6 +166,7 @@ def test_catch_rewards_the_ball_caught() -> None:
     assert isinstance(env.unwrapped, Catch)
 
 
+@pytest.mark.slow
 def test_an_atari_vector_resumes_exactly_from_its_saved_state(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The emulator's state (and its RNG: sticky actions) is saved with the rest of the env state,
     through the checkpoint's plain-data file; a fresh vector given it steps exactly as the original."""

@@ -341,6 +341,7 @@ def test_capture_names_what_it_cannot_save() -> None:
 
 
 @pytest.mark.parametrize("env_id, extra", [("ALE/Pong-v5", "atari"), ("HalfCheetah-v5", "mujoco")])
+@pytest.mark.slow
 def test_an_env_whose_extra_is_not_installed_says_which_extra_in_one_line(env_id: str, extra: str) -> None:
     """zmqrl's heavy env stacks are extras: without one, the config error names it (the package hidden here)."""
     hidden = {"atari": "ale_py", "mujoco": "mujoco"}[extra]

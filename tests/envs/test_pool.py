@@ -34,6 +34,7 @@ def _gymnasium_chain(game: str) -> gym.Env:
 
 
 @pytest.mark.parametrize("game, steps", [("Pong", 1200), ("Seaquest", 1000)])
+@pytest.mark.slow
 def test_both_backends_give_the_same_game_for_the_same_actions(game: str, steps: int) -> None:
     """Sticky actions and random no-ops off: the same rewards and terminals step by step, frames
     within one grey level (EnvPool resizes with OpenCV, the chain with its own area average)."""
@@ -143,6 +144,7 @@ def test_nstep_builder_skips_rows_of_envs_that_were_resetting() -> None:
                      valid=np.array([True, False]))
 
 
+@pytest.mark.slow
 def test_acting_counts_only_the_env_steps_taken_and_evaluation_plays_whole_games(tmp_path: Path) -> None:
     from zmqrl.config import load
     from zmqrl.run.acting import ActingLoop, make_task
@@ -185,6 +187,7 @@ def test_the_gymnasium_stepper_is_unchanged_for_other_envs() -> None:
 
 
 @pytest.mark.parametrize("batch", [0, 3])
+@pytest.mark.slow
 def test_acting_in_batches_of_ready_envs_keeps_each_envs_transitions_its_own(batch: int) -> None:
     """env.batch: the policy acts for whichever envs the pool hands out. With 1-step transitions
     every next_obs is its obs's stack shifted by one frame (rows of different envs mixed up would

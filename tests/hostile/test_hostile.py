@@ -135,6 +135,7 @@ def test_kinds_are_parsed_by_name() -> None:
 
 # --- the client against bare sockets ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_client_sends_every_kind_to_its_targets(tmp_path: Path) -> None:
     ctx = zmq.Context()
     pulls: dict[str, zmq.Socket] = {}

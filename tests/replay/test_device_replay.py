@@ -253,6 +253,7 @@ def test_bytes_a_pong_transition_holds_on_the_device() -> None:
     assert 84 * 84 < per_transition < 8 * 2**30 / 1_000_000, per_transition  # (~7.6 KB: 1/16 over one frame)
 
 
+@pytest.mark.slow
 def test_only_the_learners_start_up_imports_the_torch_replay() -> None:
     imports = re.compile(r"^\s*(from zmqrl\.replay\.device import|import zmqrl\.replay\.device)", re.M)
     users = sorted(str(p.relative_to(REPO)) for p in (REPO / "zmqrl").rglob("*.py") if imports.search(p.read_text()))

@@ -159,6 +159,7 @@ def run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     (["learner", str(CONFIG), "--bind-model", "ipc:///tmp/m"], "--bind-model 'ipc:///tmp/m'"),
     (["evaluator", str(CONFIG), "--learner", "127.0.0.1:5556", "--report", "127.0.0.1:"], "--report '127.0.0.1:'"),
 ])
+@pytest.mark.slow
 def test_cli_bad_address_exits_2_at_once_naming_it(argv: list[str], named: str) -> None:
     proc, took = run_cli(*argv)
     assert proc.returncode == 2, proc.stderr

@@ -39,6 +39,7 @@ def eval_scalars(tb: Path) -> dict[str, dict[int, float]]:
             for tag in acc.Tags()["scalars"] if tag.startswith("eval/")}
 
 
+@pytest.mark.slow
 def test_a_late_evaluation_is_recorded_at_the_step_of_the_model_it_evaluated(
         tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context) -> None:
     cfg = cartpole_cfg("run.log_level=warning", "trainer.warmup=256", "trainer.sync_interval=50",

@@ -72,6 +72,7 @@ def rss_mb(pid: int) -> float:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_actor_killed_learner_keeps_training_and_restarted_actor_rejoins(tmp_path: Path, procs: Procs) -> None:
     job = Job(procs, tmp_path / "run")
     job.learner(), job.proxy(), job.actor(0), job.actor(1)
@@ -92,6 +93,7 @@ def test_actor_killed_learner_keeps_training_and_restarted_actor_rejoins(tmp_pat
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_proxy_killed_actor_blocks_bounded_and_resumes_with_exact_accounting(tmp_path: Path, procs: Procs) -> None:
     job = Job(procs, tmp_path / "run")
     job.learner(), job.proxy(), job.actor(0)
@@ -123,6 +125,7 @@ def test_proxy_killed_actor_blocks_bounded_and_resumes_with_exact_accounting(tmp
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_learner_killed_resumes_from_latest_and_actors_follow(tmp_path: Path, procs: Procs) -> None:
     job = Job(procs, tmp_path / "run", ["trainer.latest_interval_s=1", "trainer.sync_interval=20"])
     job.learner(), job.proxy(), job.actor(0)
@@ -151,6 +154,7 @@ def test_learner_killed_resumes_from_latest_and_actors_follow(tmp_path: Path, pr
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("role", ["actor", "proxy", "learner", "evaluator"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_role_stops_within_5s_when_its_peers_are_gone(tmp_path: Path, procs: Procs, role: str, sig: int) -> None:
     job = Job(procs, tmp_path / "run")
     if role == "actor":
@@ -174,6 +178,7 @@ def test_role_stops_within_5s_when_its_peers_are_gone(tmp_path: Path, procs: Pro
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_resume_from_corrupt_checkpoint_names_the_file_and_keeps_it(tmp_path: Path, procs: Procs) -> None:
     run_dir = tmp_path / "run"
     latest = run_dir / "checkpoints" / "latest"
@@ -210,6 +215,7 @@ class Bomb:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_rogue_flood_is_rejected_while_valid_peers_keep_training(tmp_path: Path, procs: Procs) -> None:
     job = Job(procs, tmp_path / "run")
     job.learner(), job.proxy(), job.actor(0)

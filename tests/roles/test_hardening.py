@@ -91,6 +91,7 @@ def test_an_absurd_priority_is_clamped_and_counted_and_sampling_stays_proportion
         learner.close()
 
 
+@pytest.mark.slow
 def test_a_flood_of_new_sender_names_is_refused_and_memory_stays_flat(tmp_path: Path, cartpole_cfg: Any,
                                                                        zctx: zmq.Context) -> None:
     learner = in_process_learner(cartpole_cfg("run.log_level=warning", "net.max_peers=16"), tmp_path / "run")
@@ -202,6 +203,7 @@ def test_an_actor_told_another_protocol_version_exits_2(tmp_path: Path, procs: P
 
 # ------------------------------------------------------------------------- ids and exploration
 
+@pytest.mark.slow
 def test_actor_id_outside_the_range_is_a_config_error() -> None:
     out = subprocess.run(zmqrl_argv("actor", "--id", "2", overrides=["actor.num_actors=2"]),
                          capture_output=True, text=True, timeout=60, env=role_env())
@@ -235,6 +237,7 @@ def test_actor_epsilon_decays_from_eps_start_to_its_apex_value(cartpole_cfg: Any
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this host has a CUDA device")
+@pytest.mark.slow
 def test_an_actor_on_cuda_without_a_gpu_is_a_config_error_naming_the_key() -> None:
     out = subprocess.run(zmqrl_argv("actor", "--id", "0", overrides=["actor.device=cuda"]),
                          capture_output=True, text=True, timeout=120, env=role_env())

@@ -302,6 +302,7 @@ def ingest_until(learner: Learner, cond: Any, timeout: float = 30.0) -> None:
         learner.ingest(timeout=0.05)
 
 
+@pytest.mark.slow
 def test_a_message_of_a_million_frames_costs_the_learner_no_memory_of_its_own(
         tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context) -> None:
     """recv_multipart built one object per frame before any check (4M frames: +460 MB)."""

@@ -232,6 +232,7 @@ def test_batches_that_arrive_together_share_one_add_and_a_bad_one_is_refused_alo
         learner.close()
 
 
+@pytest.mark.slow
 def test_roles_and_the_launcher_do_not_import_torch() -> None:
     code = ("import sys, zmqrl.cli.app; zmqrl.cli.app.build_parser(); "
             "import zmqrl.roles.learner, zmqrl.roles.proxy, zmqrl.roles.actor, zmqrl.roles.evaluator, "
@@ -284,6 +285,7 @@ print(main_only, flush_denormals(True), kept(), flush_denormals(False), kept())
 '''
 
 
+@pytest.mark.slow
 def test_flushing_denormals_reaches_every_torch_thread_and_is_undone() -> None:
     """With two torch threads, ``flush_denormals`` flushes in both (torch's switch alone: one)."""
     done = subprocess.run([sys.executable, "-c", _FLUSH_SCRIPT], capture_output=True, text=True, timeout=60)
@@ -293,6 +295,7 @@ def test_flushing_denormals_reaches_every_torch_thread_and_is_undone() -> None:
     assert (before, int(on), was, int(off)) == ("False", 0, "True", 1_000_000), done.stdout
 
 
+@pytest.mark.slow
 def test_the_learners_adam_matches_torch_and_skips_the_compiler() -> None:
     """The agents' Adam makes the same updates (and state) as ``torch.optim.Adam`` with torch's fused
     kernel (its default on CPU), bit for bit, without
@@ -320,6 +323,7 @@ sys.exit(0)
 '''
 
 
+@pytest.mark.slow
 def test_a_role_signalled_while_starting_or_closing_exits_with_its_own_code() -> None:
     """A launcher may TERM a role that is still importing (the evaluator starts late) or already
     closing (the learner finished): it must stop at its first step and exit 0, not die by the signal."""
@@ -348,6 +352,7 @@ runpy.run_module("zmqrl.cli", run_name="__main__")
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_role_signalled_while_importing_its_entry_point_exits_with_its_own_code(tmp_path: Path) -> None:
     """A launcher's stop signal can come while ``python -m zmqrl.cli ROLE`` still imports its modules
     (Slurm cancelling a job just after a restart): the role stops at its first step and exits 0."""
@@ -390,6 +395,7 @@ sys.exit(cli.main())
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_launcher_signalled_while_starting_or_returning_exits_with_its_own_code(tmp_path: Path) -> None:
     """``zmqrl host`` TERMed as it starts stops every role it started and exits 0; TERMed again in
     the moment between its roles' end and its return (a job runner stopping it as the head finishes)
@@ -427,6 +433,7 @@ sys.exit(cli.main())
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_train_signalled_after_its_loop_still_writes_its_final_checkpoint(tmp_path: Path) -> None:
     """``zmqrl train`` TERMed between the end of its loop and its final save (a job runner stopping it
     as it finishes) writes the final checkpoint and summary and exits 0, not -15."""

@@ -100,6 +100,7 @@ def _through_proxy(tmp_path: Path, procs: Procs, hold_ms: float, batches: int = 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_proxy_reads_in_bursts_at_most_once_per_hold(tmp_path: Path, procs: Procs) -> None:
     hold_s = 0.05
     held, span = _through_proxy(tmp_path, procs, hold_s * 1000)
@@ -113,6 +114,7 @@ def test_proxy_reads_in_bursts_at_most_once_per_hold(tmp_path: Path, procs: Proc
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_proxy_holds_for_many_slow_actors(tmp_path: Path, procs: Procs) -> None:
     # 16 actors, each 40 batches/s: 32 batches per 50 ms hold in all, 2 from each actor; the hold
     # is judged per actor (each has its own receive queue), so the proxy still reads in bursts
@@ -122,6 +124,7 @@ def test_proxy_holds_for_many_slow_actors(tmp_path: Path, procs: Procs) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_proxy_hold_never_caps_a_flood(tmp_path: Path, procs: Procs) -> None:
     # held a whole second after every burst, 3000 batches would take minutes (the receive queue
     # holds 16 per actor); at the rate they come there is no hold, so they go through at once

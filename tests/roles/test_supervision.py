@@ -179,6 +179,7 @@ def test_local_restarts_killed_roles_and_resumes(tmp_path: Path, procs: Procs) -
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_role_exit_2_stops_the_run(tmp_path: Path, procs: Procs) -> None:
     run_dir = tmp_path / "run"
     procs.sweep_args.append(str(run_dir))
@@ -272,6 +273,7 @@ def test_learner_resumes_only_from_this_runs_checkpoint(tmp_path: Path) -> None:
     assert older.learner_resumes() and older._argv(learner)[-1] == "--resume"
 
 
+@pytest.mark.slow
 def test_a_role_that_exits_before_the_stop_is_recorded_as_stopped(tmp_path: Path) -> None:
     """Inside a Slurm step every role gets the scheduler's TERM too, and may exit before the launcher
     looks again: its exit must still be recorded (it once stayed "running" in the status file)."""
@@ -289,6 +291,7 @@ def test_a_role_that_exits_before_the_stop_is_recorded_as_stopped(tmp_path: Path
     assert roles["actor-1"]["state"] == "failed" and roles["actor-1"]["last_exit"] == -signal.SIGTERM, roles
 
 
+@pytest.mark.slow
 def test_a_role_with_start_after_waits_for_its_file(tmp_path: Path) -> None:
     """The evaluator waits for the learner's first update: a role with ``start_after`` starts only
     once this launch has written that file (an older copy does not count), others at once."""
@@ -330,6 +333,7 @@ def test_a_role_waiting_too_long_for_start_after_starts_anyway(tmp_path: Path) -
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is new in Python 3.11")
+@pytest.mark.slow
 def test_roles_run_the_launchers_zmqrl_not_one_in_the_working_directory(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """``python -m`` looks in the working directory first: a ``zmqrl/`` there (another checkout)
@@ -465,6 +469,7 @@ def test_head_and_two_hosts(tmp_path: Path, procs: Procs) -> None:
 # zmqrl status on what is not (yet) a run
 
 
+@pytest.mark.slow
 def test_status_errors_and_an_empty_run(tmp_path: Path) -> None:
     def status(path: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(cli("status", str(path)), capture_output=True, text=True, timeout=60, env=role_env(),

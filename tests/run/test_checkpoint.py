@@ -282,6 +282,7 @@ def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
     return proc.stdout.readline().strip()
 
 
+@pytest.mark.slow
 def test_a_save_killed_midway_leaves_a_temporary_the_next_save_removes(tmp_path: Path) -> None:
     """SIGKILL in the middle of a save leaves ``.latest.tmp-PID``; it is kept while that process
     lives and removed by the next save in the directory once it is dead; ``latest`` stays whole."""
@@ -467,6 +468,7 @@ sys.exit(3 if "torch" in sys.modules else 0)
 '''
 
 
+@pytest.mark.slow
 def test_a_policy_checkpoint_is_written_and_read_without_torch(tmp_path: Path) -> None:
     """The evaluator's ``best``: ``policy.npz`` and ``state.json``, replaced atomically like any
     checkpoint, and neither writing nor reading it imports torch (1.2 s of CPU in the evaluator)."""

@@ -382,6 +382,7 @@ def _items(updates: object) -> dict[str, object]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_wandb_offline_files(tmp_path: Path, cartpole_cfg: Callable[..., Config]) -> None:
     run_dir = make_run_dir(tmp_path)
     fan = wandb_fan(run_dir, FLAT, tags_of(cartpole_cfg(), run_dir))
@@ -439,6 +440,7 @@ def test_wandb_offline_files(tmp_path: Path, cartpole_cfg: Callable[..., Config]
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_wandb_offline_resume_keeps_the_run_id(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     run_dir = make_run_dir(tmp_path)
     fan = wandb_fan(run_dir, {"agent.lr": 0.1}, {})
@@ -461,6 +463,7 @@ def test_wandb_offline_resume_keeps_the_run_id(tmp_path: Path, capfd: pytest.Cap
 
 # --- TensorBoard, and several at once ---------------------------------------------------------
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_tensorboard_default_and_fanout(tmp_path: Path, cartpole_cfg: Callable[..., Config]) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -209,6 +209,7 @@ def test_cartpole_learns(tmp_path: Path) -> None:
     assert state["eval_return"] == summary["best_eval_return"]
 
 
+@pytest.mark.slow
 def test_cli_train_short_run(tmp_path: Path, cartpole_cfg: Callable[..., Config]) -> None:
     """The command line runs the same trainer and exits 0."""
     cfg = cartpole_cfg(*SHORT_RUN, "trainer.max_opts=100")

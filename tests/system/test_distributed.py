@@ -162,6 +162,7 @@ def test_local_launcher_solves_cartpole(tmp_path: Path, procs: Procs) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_roles_started_in_reverse_order_connect(tmp_path: Path, procs: Procs) -> None:
     run_dir, ports = tmp_path / "run", learner_ports()
     overrides = [SEED, "trainer.warmup=500", "trainer.stop_return=null", "trainer.eval_interval=500",
@@ -209,6 +210,7 @@ def test_roles_started_in_reverse_order_connect(tmp_path: Path, procs: Procs) ->
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_late_actor_gets_current_model_within_a_second(tmp_path: Path, procs: Procs) -> None:
     run_dir, ports = tmp_path / "run", learner_ports()
     # No sync, no periodic republish and no rate-limiter pause/resume (which also re-sends the model)
@@ -243,6 +245,7 @@ def test_late_actor_gets_current_model_within_a_second(tmp_path: Path, procs: Pr
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_batch_model_versions_increase(tmp_path: Path, procs: Procs) -> None:
     run_dir, ports = tmp_path / "run", learner_ports()
     overrides = [SEED, "trainer.sync_interval=10", "trainer.warmup=256", "trainer.stop_return=null",
@@ -316,6 +319,7 @@ def test_batch_model_versions_increase(tmp_path: Path, procs: Procs) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_batch_accounting_is_exact(tmp_path: Path, procs: Procs) -> None:
     run_dir, ports = tmp_path / "run", learner_ports()
     overrides = [SEED, "trainer.stop_return=null", "trainer.warmup=500", "actor.num_actors=2"]
@@ -412,6 +416,7 @@ def wait_local_running(procs: Procs, run_dir: Path) -> dict[str, int]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_local_launcher_sigterm_stops_every_role(tmp_path: Path, procs: Procs) -> None:
     run_dir = tmp_path / "run"
     local = start_local(procs, run_dir)
@@ -436,6 +441,7 @@ def test_local_launcher_sigterm_stops_every_role(tmp_path: Path, procs: Procs) -
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_local_launcher_reports_a_dead_role(tmp_path: Path, procs: Procs) -> None:
     """With --fail-fast a dead role ends the run (without it the role is restarted: tests/roles/test_supervision.py)."""
     run_dir = tmp_path / "run"
@@ -458,6 +464,7 @@ def test_local_launcher_reports_a_dead_role(tmp_path: Path, procs: Procs) -> Non
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_local_launcher_starts_over_when_a_port_is_taken(tmp_path: Path, procs: Procs,
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          caplog: pytest.LogCaptureFixture) -> None:
@@ -512,6 +519,7 @@ def py_spy_stack(pid: int) -> str | None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_evaluator_stops_when_learner_is_gone(tmp_path: Path, procs: Procs, cartpole_cfg: Any) -> None:
     from zmqrl.run.acting import make_task
     from zmqrl.wire import encode_model, new_incarnation

@@ -81,6 +81,7 @@ def test_every_manifest_passes_strict_schema_validation() -> None:
         validate(broken)
 
 
+@pytest.mark.slow
 def test_kustomization_renders_and_validates(tmp_path: Path) -> None:
     """``kubectl kustomize`` on a copy holding keys made by ``zmqrl keygen``, every rendered document validated."""
     kubectl = shutil.which("kubectl")
@@ -159,6 +160,7 @@ def test_dockerfile_installs_cpu_torch_first_then_zmqrl() -> None:
     assert "launch/k8s/entrypoint.sh /usr/local/bin/zmqrl-entrypoint" in text
 
 
+@pytest.mark.slow
 def test_entrypoint_derives_ids_and_installs_keys(tmp_path: Path) -> None:
     """The real entrypoint, the real ``zmqrl host``: pod zmqrl-hosts-1 with 2 actors per host gets ids 2..3,
     which actor.num_actors=3 refuses (exit 2 before anything starts); the keys land with modes 0600/0644."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from procs import REPO, Procs, log_tail, zmqrl_argv
+from tiers import seeds
 from zmqrl.run.rundir import read_json
 
 PENDULUM = str(REPO / "configs" / "pendulum_sac.yaml")
@@ -25,7 +26,7 @@ def first_solved(summary: dict) -> dict | None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds(0, 1, 2))
 def test_train_solves_pendulum_within_5000_env_steps(tmp_path: Path, procs: Procs, seed: int) -> None:
     run_dir = tmp_path / "run"
     argv = zmqrl_argv("train", "--run-dir", str(run_dir), overrides=[f"run.seed={seed}", "trainer.max_opts=5000"],

@@ -122,6 +122,7 @@ def _training_seen(c: Cluster, min_batches: int = 1, min_opts: int = 1) -> dict[
 
 @pytest.mark.multihost
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_training_across_hosts(cluster: Cluster) -> None:
     """(a) Batches from both actors reach the learner across the LAN; it optimises; the evaluator reports."""
     t0 = time.monotonic()
@@ -135,6 +136,7 @@ def test_training_across_hosts(cluster: Cluster) -> None:
 
 @pytest.mark.multihost
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_partition_and_heal(cluster: Cluster) -> None:
     """(b) The actors' host is cut off for 10 s: links are reported lost within seconds, restored after the
     heal, and batches flow again with no role restarted and no batch lost."""
@@ -241,6 +243,7 @@ def stop_cleanly(c: Cluster, names: list[str], timeout: float = 20.0) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_soak_smoke(tmp_path: Path) -> None:
     """``zmqrl soak`` for ~20 s: samples for every role, finite growth numbers, a clean stop."""
     from zmqrl.bench import soak

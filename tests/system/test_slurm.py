@@ -192,6 +192,7 @@ def test_job_trains_requeues_resumes_and_cancels(slurm: None, tmp_path: Path) ->
              lambda: str(pids_with_arg(str(run_dir))))
 
 
+@pytest.mark.slow
 def test_heterogeneous_job_script(slurm: None) -> None:
     """The heterogeneous variant: two components (a GPU node for the head, actor nodes); Slurm accepts it.
 

@@ -34,6 +34,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return run_dir, summary
 
 
+@pytest.mark.slow
 def test_import_zmqrl_loads_neither_torch_nor_gymnasium() -> None:
     code = ("import sys, zmqrl\n"
             "zmqrl.load_config, zmqrl.load_policy, zmqrl.run_local, zmqrl.ConfigError, zmqrl.CheckpointError\n"

@@ -117,6 +117,7 @@ def test_not_a_run_directory_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 @pytest.mark.skipif(importlib.util.find_spec("moviepy") is None, reason="--video needs moviepy (zmqrl[video])")
 @pytest.mark.skipif(importlib.util.find_spec("pygame") is None, reason="CartPole renders with pygame (zmqrl[video])")
+@pytest.mark.slow
 def test_video_writes_an_mp4_per_episode(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     videos = tmp_path / "videos"
     assert cli.main(["enjoy", str(run), "--episodes", "2", "--video", str(videos)]) == 0

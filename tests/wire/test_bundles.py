@@ -205,6 +205,7 @@ def _through_proxy(tmp_path: Path, procs: Procs, merge: int, zctx: zmq.Context
 
 
 @pytest.mark.parametrize("merge", [32, 1])
+@pytest.mark.slow
 def test_a_proxy_sends_a_bursts_batches_joined(tmp_path: Path, procs: Procs, zctx: zmq.Context, merge: int) -> None:
     everything, got, stats = _through_proxy(tmp_path, procs, merge, zctx)
     batches = [p for m in got for p in (unbundle(m) if m.kind == BUNDLE else [m])]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,7 @@ def assert_same(got: Message, want: dict[str, np.ndarray]) -> None:
 
 
 @pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])
+@pytest.mark.slow
 def test_pong_batches_come_back_as_the_stacks_they_were(pong: Any, codec: str) -> None:
     spec, batch = pong
     assert image_fields(spec) == ("obs", "next_obs") and batch["obs"].shape[1:] == (4, 84, 84)
@@ -157,6 +159,51 @@ def test_compact_pong_batches_through_a_proxys_bundle(pong: Any, tmp_path: Path,
     joined = encode_bundle("proxy", "p", 0, [(h, v, 32) for h, v, _ in peeked])
     for got_part, want in zip(unbundle(decode(joined)), parts, strict=True):
         assert_same(expand(got_part, spec), want)
+
+
+@pytest.mark.slow
+def test_the_learner_stores_frames_as_they_came_and_never_rebuilds_a_stack(
+        pong: Any, tmp_path: Path, zctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compact Pong batches from the data socket into a learner's replay: each goes in as it came
+    (``replay.add_frames``, never ``add`` with stacks), replay's pool holds the distinct frames that came
+    (about one per transition, not eight), and the items are exactly the actor's stacks."""
+    from zmqrl.roles.learner import Learner
+
+    spec, batch = pong
+    cfg = config.load(PONG, ["run.log_level=warning", "run.device=cpu", "env.backend=gymnasium",
+                             "replay.capacity=1024", "trainer.stop_return=null"])
+    learner = Learner(cfg, tmp_path / "run", *(f"tcp://127.0.0.1:{free_port()}" for _ in range(3)))
+    calls = {"add": 0, "add_frames": 0}
+    for name in calls:
+        real = getattr(learner.replay, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(learner.replay, name, counted)
+    push = zctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(learner.endpoints["data"])
+    compactor = FrameCompactor(image_fields(spec))
+    parts = batches_of(batch, 64)
+    try:
+        for seq, part in enumerate(parts):
+            push.send_multipart(send(BatchEncoder("actor-0", "inc"), seq, compactor, part))
+        deadline = time.monotonic() + 60
+        while len(learner.replay) < len(batch["reward"]):
+            assert time.monotonic() < deadline, f"{len(learner.replay)} of {len(batch['reward'])} in replay"
+            learner.ingest(timeout=0.1)
+        stored = learner.replay.get(np.arange(len(batch["reward"])))
+        for key in ("obs", "next_obs", "action", "reward", "discount"):
+            np.testing.assert_array_equal(stored[key], batch[key], err_msg=key)
+        pool = learner.replay._pool
+        assert pool is not None and len(pool) <= compactor.frames  # each frame that came, once (shared across batches)
+        assert len(pool) / len(batch["reward"]) < 2.0, len(pool)
+        assert learner.intake.receiver.compact_batches == len(parts) and learner.rejected_total() == 0
+        assert calls == {"add": 0, "add_frames": len(parts)}, calls
+    finally:
+        push.close()
+        learner.close()
 
 
 # ------------------------------------------------------------------------- hostile compact batches

@@ -311,6 +311,7 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> tuple[int, fl
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_roles_with_curve_admit_only_listed_actor(tmp_path: Path, keys: Path) -> None:
     ports = {k: free_port() for k in ("data", "model", "eval", "proxy")}
     tcp = {k: f"tcp://127.0.0.1:{p}" for k, p in ports.items()}

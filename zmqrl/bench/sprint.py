@@ -17,8 +17,10 @@ In order, all inside ``--budget-s`` (default 540 s, so the whole command fits 9 
    reporting (``trainer.max_seconds``); its run directory is ``OUTDIR/run``;
 5. ``OUTDIR/summary.json`` (the run's), ``config.yaml`` (what ran), ``curve.png`` (``zmqrl plot``),
    ``sprint.json`` (everything the report says, as numbers) and ``report.txt``, the one-screen
-   report that is also printed: evaluations, updates/s, samples per insert, where the learner's
-   time went, actor env steps/s per core with every core busy, bytes per transition on the wire.
+   report that is also printed: evaluations, updates/s in the job and alone (the bench's row at
+   the job's batch and device), samples per insert, where the learner's time went (its loop's
+   parts, its intake thread, what it published), actor env steps/s per core with every core busy,
+   bytes per transition on the wire.
 
 The exit code is 0 when the run stopped by itself (its wall-time limit or its goal) and the files
 were written. CI runs it on CPU with a tiny budget on Catch (``tests/bench/test_sprint.py``), so
@@ -212,12 +214,22 @@ def report(s: Sprint, summary: dict[str, Any], rows: list[dict[str, Any]], rc: i
     lines.append("cuda tests       " + (f"{tests.get('summary') or 'no summary'} ({tests.get('seconds')}s, exit "
                                         f"{tests.get('exit')}; tests_cuda.log)" if tests.get("ran")
                                         else f"not run: {tests.get('why', '-')}"))
+    alone = learner_alone(rows, s.found.get("batch_size"), s.device)
+    in_job = summary.get("opt_steps_per_s")
+    intake, published = summary.get("intake") or {}, summary.get("publisher") or {}
+    wall = float(summary.get("wall_s") or 0.0)
     lines += [
-        f"learner          {summary.get('opt_steps', 0):,} updates ({fmt(summary.get('opt_steps_per_s'))}/s) of batch "
+        f"learner          {summary.get('opt_steps', 0):,} updates ({fmt(in_job)}/s) of batch "
         f"{s.found.get('batch_size')}, replay on {summary.get('replay_device') or '-'}; samples per insert "
         f"{fmt(summary.get('samples_per_insert'))}; skipped {summary.get('updates_skipped', 0)}, models withheld "
         f"{summary.get('models_withheld', 0)}",
-        "learner's time   " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(cost.items(), key=lambda kv: -kv[1])),
+        "learner alone    " + (f"{fmt(alone['measured'])} updates/s ({alone['name']}); in the job "
+                               f"{fmt(in_job)}/s, {float(in_job or 0) / alone['measured']:.2f} of it"
+                               if alone else "no bench row at the job's batch and device"),
+        "learner's time   " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(cost.items(), key=lambda kv: -kv[1]))
+        + (f"; intake thread {100 * float(intake.get('cpu_s') or 0) / wall:.0f}% of a core" if wall else "")
+        + f"; published {published.get('models_published', 0)} models of {published.get('model_versions_sent', 0)} "
+        f"versions, {published.get('controls_sent', 0)} controls",
         f"actors           {actors['actors']} on {actors['cores']} cores: {fmt(actors['env_steps_per_s_per_actor'])} "
         f"env steps/s each ({fmt(actors['env_steps_per_s_total'])} in all), held by the rate limiter "
         f"{100 * actors['paused_share']:.0f}% of the time"
@@ -236,6 +248,16 @@ def report(s: Sprint, summary: dict[str, Any], rows: list[dict[str, Any]], rc: i
     for p in s.found.get("problems", []):
         lines.append(f"problem          {p}")
     return "\n".join(lines)
+
+
+def learner_alone(rows: list[dict[str, Any]], batch_size: Any, device: str) -> dict[str, Any] | None:
+    """The bench row that times the learner's loop alone (sample, update, priorities) at the job's batch
+    size on its device, where the bench measured one."""
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    names = ([f"cnn_learner_b{batch_size}_cuda_device_replay", f"cnn_learner_b{batch_size}_cuda_pinned"]
+             if kind == "cuda" else [f"cnn_learner_b{batch_size}_cpu"])
+    by_name = {r.get("name"): r for r in rows if r.get("measured")}
+    return next((by_name[n] for n in names if n in by_name), None)
 
 
 def restarts(summary: dict[str, Any]) -> str:

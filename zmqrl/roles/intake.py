@@ -362,7 +362,7 @@ class Intake(Beside):
         self.proxies: PeerTable[dict[str, Any]] = PeerTable(dict, net.max_peers, net.peer_idle_s)
         self.refused_models: PeerTable[list[str]] = PeerTable(list, net.max_peers, net.peer_idle_s)
         self.mismatches = 0  # peers that refused the learner's model as not fitting their config
-        self.lock = threading.Lock()  # held while a burst is handled: the loop reads the tables under it
+        self.lock = threading.RLock()  # held while a burst is read and handled: the loop reads the tables under it
         self._prints: Fingerprints | None = None
         self._fingerprint = fingerprint
         self._drain_s = 0.0
@@ -390,7 +390,8 @@ class Intake(Beside):
             if self.waker.fd in events:
                 self.waker.clear()
             if data in events or evals in events:
-                self.take(self.receiver.read(evals in events, data=data in events))
+                with self.lock:
+                    self.take(self.receiver.read(evals in events, data=data in events))
         self._drain()
 
     def poll(self, timeout: float = 0.0) -> None:
@@ -402,17 +403,19 @@ class Intake(Beside):
         poller.register(evals, zmq.POLLIN)
         events = dict(poller.poll(int(timeout * 1000)))
         if events:
-            self.take(self.receiver.read(evals in events, data=data in events))
+            with self.lock:
+                self.take(self.receiver.read(evals in events, data=data in events))
 
     def _drain(self) -> None:
         """On the way out: what peers already sent, read for at most the time :meth:`stop` gave, whatever
         the handoff holds (the loop takes it all before its final checkpoint)."""
         deadline = time.monotonic() + self._drain_s
         while time.monotonic() < deadline:
-            messages = self.receiver.read(evals=False)
-            if not messages and not self.receiver.data.poll(0, zmq.POLLIN):
-                break
-            self.take(messages)
+            with self.lock:
+                messages = self.receiver.read(evals=False)
+                if not messages and not self.receiver.data.poll(0, zmq.POLLIN):
+                    break
+                self.take(messages)
 
     def stop(self, timeout: float = 5.0, drain_s: float = 0.0) -> None:
         """Stop reading; with ``drain_s``, first take in what peers already sent, for that long."""
@@ -422,7 +425,8 @@ class Intake(Beside):
     # --- what arrived ------------------------------------------------------------------------
     def take(self, messages: Iterable[tuple[Message, CompactBatch | None]]) -> None:
         """Admit what arrived: batches in sequence and within their allowance go to the handoff (their
-        frames fingerprinted), admitted evaluations too; proxies' reports and peers' hellos are kept."""
+        frames fingerprinted), admitted evaluations too; proxies' reports and peers' hellos are kept.
+        (The caller holds :attr:`lock` while it reads and this takes, so the loop's reports see whole bursts.)"""
         with self.lock:
             for msg, opened in messages:
                 if msg.kind == BATCH:
@@ -504,19 +508,19 @@ class Intake(Beside):
         """What the intake counted, for the learner's summary."""
         with self.lock:
             r = self.receiver
-            senders = self.sequences.stats()["senders"]
+            losses = self.sequences.losses()
             return {
                 "bytes_received": r.bytes, "wire": r.wire_stats(), "bundles_received": r.bundles,
                 "rejected": dict(r.rejected), "rejected_total": sum(r.rejected.values()),
                 "batches_admitted": self.batches, "evaluations_admitted": self.evaluations,
-                "batches_lost": sum(s["lost"] for s in senders.values()),
-                "batches_dropped_old": sum(s["dropped"] for s in senders.values()),
+                "batches_lost": sum(lost for lost, _ in losses.values()),
+                "batches_dropped_old": sum(dropped for _, dropped in losses.values()),
                 "peers_refused": self.sequences.refused + self.proxies.refused,
                 "refused_names": sorted(self.sequences.refused_names | self.proxies.refused_names)[:8],
                 "config_mismatches": self.mismatches,
                 "over_allowance_transitions": self.allowances.refused_transitions,
-                "lost_by_sender": {name: s["lost"] for name, s in senders.items()},
-                "dropped_by_sender": {name: s["dropped"] for name, s in senders.items()},
+                "lost_by_sender": {name: lost for name, (lost, _) in losses.items()},
+                "dropped_by_sender": {name: dropped for name, (_, dropped) in losses.items()},
                 "refused_models": {name: kept[0] for name, kept in self.refused_models.items() if kept},
                 "proxies": {name: {**p, "last_seen": time.time() - (self.proxies.last_seen_s(name) or 0.0)}
                             for name, p in self.proxies.items()},

@@ -347,6 +347,33 @@ def recv_message(sock: zmq.Socket, limits: Limits = DEFAULT_LIMITS, timeout_ms: 
     return decode(frames, limits)
 
 
+def _drain(sock: zmq.Socket, kind: str, limits: Limits, max_messages: int,
+           on_error: Callable[[WireError], None] | None) -> tuple[list[Message], int]:
+    """Every queued message of ``kind`` (at most ``max_messages`` read, without blocking), in arrival
+    order, and how many were bad (undecodable, or of another kind); ``on_error`` sees each decode error."""
+    out: list[Message] = []
+    bad = 0
+    if not sock.poll(0, zmq.POLLIN):  # the common case, without raising zmq.Again
+        return out, 0
+    for _ in range(max_messages):
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            break
+        try:
+            msg = decode(frames, limits)
+        except WireError as exc:
+            bad += 1
+            if on_error is not None:
+                on_error(exc)
+            continue
+        if msg.kind != kind:
+            bad += 1
+            continue
+        out.append(msg)
+    return out, bad
+
+
 def drain_latest_model(
     sock: zmq.Socket,
     tracker: VersionTracker,
@@ -362,28 +389,12 @@ def drain_latest_model(
     result is the last one it accepted (None if none).  Messages that fail to
     decode or are not MODEL count as bad.  Returns ``(message, bad_count)``.
     Reads at most ``max_messages`` so a flood cannot stall the caller.
-    ``observe`` sees every decoded MODEL message, accepted or not (for control fields in meta);
+    ``observe`` sees every decoded MODEL message, accepted or not;
     ``on_error`` sees why each undecodable message was refused.
     """
     latest: Message | None = None
-    bad = 0
-    if not sock.poll(0, zmq.POLLIN):  # the common case, without raising zmq.Again
-        return None, 0
-    for _ in range(max_messages):
-        try:
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            break
-        try:
-            msg = decode(frames, limits)
-        except WireError as exc:
-            bad += 1
-            if on_error is not None:
-                on_error(exc)
-            continue
-        if msg.kind != MODEL:
-            bad += 1
-            continue
+    models, bad = _drain(sock, MODEL, limits, max_messages, on_error)
+    for msg in models:
         if observe is not None:
             observe(msg)
         if tracker.offer(msg.incarnation, msg.version):
@@ -400,24 +411,4 @@ def drain_control(
 ) -> tuple[list[Message], int]:
     """Read every queued CONTROL message without blocking (with CONFLATE: the newest one); returns
     them in arrival order and how many messages were bad (undecodable or not CONTROL)."""
-    out: list[Message] = []
-    bad = 0
-    if not sock.poll(0, zmq.POLLIN):
-        return out, 0
-    for _ in range(max_messages):
-        try:
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            break
-        try:
-            msg = decode(frames, limits)
-        except WireError as exc:
-            bad += 1
-            if on_error is not None:
-                on_error(exc)
-            continue
-        if msg.kind != CONTROL:
-            bad += 1
-            continue
-        out.append(msg)
-    return out, bad
+    return _drain(sock, CONTROL, limits, max_messages, on_error)

@@ -184,6 +184,10 @@ class SequenceTracker:
         """JSON-able totals and per-sender counters."""
         return {**self._totals, "senders": {name: asdict(s) for name, s in self._senders.items()}}
 
+    def losses(self) -> dict[str, tuple[int, int]]:
+        """Per sender remembered: (messages lost, repeated or older ones dropped); cheap enough for every record."""
+        return {name: (s.lost, s.dropped) for name, s in self._senders.items()}
+
 
 class VersionTracker:
     """Decides whether a received model is newer than the one in use.
