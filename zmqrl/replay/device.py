@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,8 +45,6 @@ from zmqrl.replay.prioritized import PRIORITY_CAP, PrioritizedReplay
 from zmqrl.replay.schema import Schema
 from zmqrl.replay.sumtree import MAX_BLOCK, SumTree
 from zmqrl.replay.uniform import UniformReplay
-
-log = logging.getLogger("zmqrl")
 
 HEADROOM = 1 << 30  # device bytes a replay leaves free for the agent, its graphs and its batches
 UPLOAD_CHUNK = 1 << 26  # bytes a bulk copy (a replay file's frames) sends at a time
