@@ -241,6 +241,28 @@ def test_a_replay_that_cannot_fit_its_device_is_refused_naming_the_key(monkeypat
     assert DeviceReplay(1000, frame_stack=4, schema=schema).device_nbytes > 0
 
 
+def test_a_file_too_large_for_the_device_is_refused_and_leaves_replay_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zmqrl.replay.device as device_mod
+
+    full, empty = twins(True)[1], twins(True)[1]
+    feed([full])
+    full.save(str(tmp_path / "full.npz"))
+    feed([empty], steps=3)
+    items = {k: v.clone() for k, v in empty.gather(np.arange(len(empty))).items()}
+    before = (empty.state_dict(), empty.device_nbytes, items)
+    held = empty.device_nbytes
+    monkeypatch.setattr(device_mod, "free_bytes", lambda device: device_mod.HEADROOM - held)  # room for what it holds
+    with pytest.raises(ConfigError, match="replay.capacity=64 needs"):
+        empty.load(str(tmp_path / "full.npz"))
+    assert (empty.state_dict(), empty.device_nbytes) == before[:2]
+    for key, tensor in empty.gather(np.arange(len(empty))).items():
+        assert torch.equal(tensor, before[2][key]), key
+    monkeypatch.setattr(device_mod, "free_bytes", lambda device: device_mod.HEADROOM + (64 << 20))
+    empty.load(str(tmp_path / "full.npz"))  # with room, counting what it held as freed
+    assert empty.state_dict() == full.state_dict()
+
+
 def test_bytes_a_pong_transition_holds_on_the_device() -> None:
     """Pong's stacked 84x84 frames once: about one frame a transition, reserve included, so that 1M transitions
     fit 8 GB (one frame each is 7 GB); measured on the CPU's tensors at 100k."""

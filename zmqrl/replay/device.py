@@ -260,21 +260,22 @@ class _OnDevice(UniformReplay):
         self._place()
 
     def _place(self) -> None:
-        """Tensors for this replay's layout on the device, checked to fit it first."""
+        """Tensors for this replay's layout on the device (those it held go first), checked to fit it first."""
         if self._dev is None:
             return
-        self._check_fits()
+        self._check_fits(self.planned_nbytes())
         shapes = {k: self._schema[k][0] for k in self._frame_refs}
         self._dev.allocate(self._storage, self._frame_refs, shapes, self._pool)
 
-    def _check_fits(self) -> None:
-        """A ConfigError naming ``replay.capacity`` when the tensors would not fit the device's free memory
-        (less :data:`HEADROOM`), where the device says how much it has."""
+    def _check_fits(self, need: int) -> None:
+        """A ConfigError naming ``replay.capacity`` when tensors of ``need`` bytes would not fit the device's free
+        memory (with what this replay holds there now, which they replace) less :data:`HEADROOM`, where the
+        device says how much it has."""
         assert self._dev is not None
-        need = self.planned_nbytes()
         free = free_bytes(self._dev.device)
-        if free is None or need + HEADROOM <= free:
+        if free is None or need + HEADROOM <= free + self._dev.nbytes:
             return
+        free += self._dev.nbytes
         per_item = need / self._capacity
         fit = max(0, int((free - HEADROOM) / per_item))
         raise ConfigError(f"replay.capacity={self._capacity:,} needs {need / 2**30:.2f} GiB on {self._dev.device} "
@@ -309,6 +310,10 @@ class _OnDevice(UniformReplay):
         return out
 
     def _adopt(self, contents: ReplayContents) -> None:
+        if self._dev is not None:  # (before anything changes: a file too large for the device leaves replay as it was)
+            rings = [*contents.storage.values(), *contents.frame_refs.values()]
+            frames = 0 if contents.frames is None else contents.frames.nbytes
+            self._check_fits(sum(a.nbytes for a in rings) + frames + self._tree_nbytes())
         super()._adopt(contents)
         if self._dev is None:
             return
@@ -449,11 +454,11 @@ class PrioritizedDeviceReplay(_OnDevice, PrioritizedReplay):
 
 
 def free_bytes(device: torch.device) -> int | None:
-    """Memory free on ``device`` for new tensors: CUDA's free memory, the host's available memory for the CPU
-    (None where it cannot be told)."""
-    if device.type == "cuda":
+    """Memory free on ``device`` for new tensors: CUDA's free memory and what torch's caching allocator holds
+    unused, the host's available memory for the CPU (None where it cannot be told)."""
+    if device.type == "cuda":  # the driver's free memory, and what torch's allocator holds unused
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        return int(free) + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if device.type == "cpu":
         try:
             with open("/proc/meminfo") as f:
