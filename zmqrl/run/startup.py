@@ -107,8 +107,9 @@ def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, 
 
     replay = make_device_replay(device, r.capacity, r.prioritized, seed=cfg.run.seed + 7, frame_stack=frame_stack,
                                 schema=spec, compress=r.compress, sum_tree=sum_tree, **options)
-    log.info("replay on %s (replay.device=%s): %.2f GiB there for %s transitions", device, r.device,
-             replay.planned_nbytes() / 2**30, f"{r.capacity:,}")
+    log.info("replay on %s (%s): %.2f GiB there for %s transitions", device,
+             f"replay.device={r.device}" if torch_device is None else "asked for", replay.planned_nbytes() / 2**30,
+             f"{r.capacity:,}")
     return replay
 
 
