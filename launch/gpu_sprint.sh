@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU sprint, one command for a host with one GPU and N cores: the captured-update tests
-# (tests/agents/test_graphs.py -k test_cuda_), the cnn bench rows on CUDA (eager and CUDA-graph updates), then
+# The GPU sprint, one command for a host with one GPU and N cores: the CUDA tests (tests/agents/test_graphs.py
+# and tests/replay/test_device_replay.py -k test_cuda_), the cnn bench rows on CUDA (eager and CUDA-graph
+# updates, replay on the GPU against host replay), then
 # Pong (configs/pong_dqn_gpu.yaml) through `zmqrl local` with N-2 actors and the learner on the GPU,
 # all inside --budget-s (default 540 s, so the whole command fits 9 minutes). Writes report.txt,
 # sprint.json, summary.json, config.yaml, curve.png, tests_cuda.log and bench_cnn.json into OUTDIR

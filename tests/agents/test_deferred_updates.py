@@ -172,3 +172,29 @@ def test_update_deferred_on_cuda_gives_what_update_gives(name: str) -> None:
     torch.cuda.synchronize()
     for (_, first), second in zip(got, (p.result()[1] for p in pending), strict=True):
         assert first is second  # read once: the host buffer was not read again after the event
+
+
+@pytest.mark.parametrize("mode", ["eager", "static"])
+@pytest.mark.parametrize("name", list(AGENTS))
+def test_a_batch_of_device_tensors_trains_as_the_same_arrays(name: str, mode: str) -> None:
+    """Replay on the device hands over tensors already there (:mod:`zmqrl.replay.device`): staged as they are,
+    never through the host, and the updates (eager, or the static buffers a CUDA graph captures) are the arrays'."""
+    from zmqrl.agents.staging import BatchStager
+
+    arrays_agent, tensors_agent = AGENTS[name]("cpu", 0), AGENTS[name]("cpu", 0)
+    if mode == "static":
+        for agent in (arrays_agent, tensors_agent):
+            agent.set_update_mode("static", "the test")
+    for step in range(4):
+        batch = batch_for(arrays_agent, 16, seed=step)
+        tensors = {k: torch.from_numpy(v.copy()) for k, v in batch.items()}
+        tensors["indices"] = np.arange(16)  # (replay's indices stay on the host, beside the tensors)
+        metrics, priorities = arrays_agent.update(batch)
+        got_metrics, got_priorities = tensors_agent.update(tensors)
+        assert got_metrics == metrics
+        np.testing.assert_array_equal(got_priorities, priorities)
+    want = state(arrays_agent)
+    for key, value in state(tensors_agent).items():
+        np.testing.assert_array_equal(value, want[key], err_msg=key)
+    staged = BatchStager("cpu")({"obs": tensors["obs"], "reward": batch["reward"]})
+    assert staged["obs"] is tensors["obs"] and list(staged) == ["obs", "reward"]  # the tensor as it is, in order

@@ -21,7 +21,7 @@ from zmqrl.bench.sprint import actor_rates
 
 REPO = Path(__file__).resolve().parents[2]
 CATCH = REPO / "configs" / "catch_dqn.yaml"
-BUDGET_S = 130.0  # tests ~8 s (all skipped here) of their 0.15, the bench ~20 s on 2 busy cores of its 0.25
+BUDGET_S = 130.0  # tests ~8 s (all skipped here) of their 0.15, the bench ~35 s on 2 busy cores of its 0.35
 
 
 def sprint(out: Path, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
@@ -51,15 +51,21 @@ def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> 
     assert found["actors"]["actors"] == 1 and found["actors"]["env_steps_per_s_per_actor"] > 0
     assert 6000 < found["actors"]["wire_bytes_per_transition"] < 30000  # two 84x84 frames, and headers
     names = [row["name"] for row in json.loads((out / "bench_cnn.json").read_text())]
-    assert names == ["cnn_learner_b32_cpu", "cnn_update_b32_cpu_static", "cnn_learner_b32_cuda_pinned",
-                     "cnn_learner_b256_cuda_pinned", "cnn_learner_b512_cuda_pinned", "cnn_update_b32_cuda_graph",
-                     "cnn_update_b256_cuda_graph", "cnn_update_b512_cuda_graph"]
+    batches = (32, 256, 512)
+    assert names == ["cnn_learner_b32_cpu", "cnn_update_b32_cpu_static",
+                     *[f"cnn_replay_b{b}_cpu_torch" for b in batches], "cnn_learner_b32_cpu_torch_replay",
+                     *[f"cnn_sum_tree_b{b}_cpu" for b in batches], *[f"cnn_learner_b{b}_cuda_pinned" for b in batches],
+                     *[f"cnn_update_b{b}_cuda_graph" for b in batches],
+                     *[f"cnn_learner_b{b}_cuda_device_replay" for b in batches],
+                     *[f"cnn_sum_tree_b{b}_cuda" for b in batches]]
     tests = found["cuda_tests"]  # run (the pytest plumbing), each one skipped without CUDA
     assert tests["ran"] and tests["exit"] == 0 and tests["skipped"] >= 5 and "passed" not in tests, tests
     report = (out / "report.txt").read_text()
     assert report == done.stdout[done.stdout.index("zmqrl sprint:"):]  # the printed report is the file's
     assert f"best {summary['best_eval_return']:.2f}" in report and "env steps/s each" in report
     assert f"cuda tests       {tests['summary']}" in report
+    assert "replay on host" in report  # (the learner on the CPU: replay.device auto keeps replay there)
+    assert "bench cnn_replay_b256_cpu_torch" in report and "12 rows not measured here" in report
     alone = next(r for r in json.loads((out / "bench_cnn.json").read_text()) if r["name"] == "cnn_learner_b32_cpu")
     assert f"learner alone    {alone['measured']:.2f} updates/s (cnn_learner_b32_cpu); in the job" in report \
         or f"learner alone    {alone['measured']:,.0f} updates/s (cnn_learner_b32_cpu); in the job" in report, report

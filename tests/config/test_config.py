@@ -265,6 +265,12 @@ def test_set_unreadable_yaml_value() -> None:
     (["agent.batch_size=64", "trainer.warmup=10"], "trainer.warmup (10) must be at least agent.batch_size (64)"),
     (["trainer.min_samples_per_insert=32", "trainer.max_samples_per_insert=4"],
      "trainer.min_samples_per_insert (32) exceeds trainer.max_samples_per_insert (4)"),
+    (["replay.device=gpu"], "replay.device must be one of auto, cpu, cuda"),
+    (["replay.device=cuda", "run.device=cpu"], "replay.device: cuda keeps replay on the learner's CUDA device, but "
+                                                "run.device is cpu"),
+    (["replay.device=cuda", "run.device=auto", "agent.algo=r2d2", "replay.sequence_length=8", "replay.burn_in=2",
+      "replay.overlap=2"], "replay.device: agent.algo=r2d2 builds its sequences' targets from sampled items on "
+                           "the host"),
 ])
 def test_range_checks(overrides: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -393,3 +399,49 @@ def test_cli_taken_port_exits_98_naming_the_address(tmp_path: Path) -> None:
     assert proc.returncode == 98, proc.stderr
     assert "Traceback" not in proc.stderr
     assert addr in proc.stderr and "Address already in use" in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------- where replay lives
+
+
+def test_replay_device_resolves_to_the_host_or_the_learners_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto``: the learner's device where it is CUDA, else the host (and always the host for sequences);
+    ``cuda`` without CUDA is an error naming the key; ``cpu`` is the host."""
+    import torch
+
+    from zmqrl.run.startup import replay_device
+
+    for overrides in (["replay.device=cpu"], ["replay.device=auto", "run.device=cpu"],
+                      ["replay.device=cpu", "run.device=auto"],
+                      ["replay.device=auto", "run.device=auto", "agent.algo=r2d2", "replay.sequence_length=8",
+                       "replay.burn_in=2", "replay.overlap=2"]):
+        assert replay_device(config.load(None, overrides)) is None, overrides
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert replay_device(config.load(None, ["replay.device=auto", "run.device=auto"])) is None
+    with pytest.raises(ConfigError, match=r"replay.device: cuda requested but no CUDA device is available"):
+        replay_device(config.load(None, ["replay.device=cuda", "run.device=auto"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU host (nothing is allocated here)
+    assert replay_device(config.load(None, ["replay.device=auto", "run.device=cuda:1"])) == "cuda:1"
+    assert replay_device(config.load(None, ["replay.device=cuda", "run.device=auto"])) == "cuda"
+
+
+@pytest.mark.slow
+def test_on_a_host_without_a_gpu_driver_auto_decides_without_torch() -> None:
+    """The learner starts inserting before torch has loaded: ``auto`` with ``run.device: auto`` needs no torch
+    where no GPU driver is present (nor with ``CUDA_VISIBLE_DEVICES`` empty)."""
+    code = ("import sys; from zmqrl import config; from zmqrl.run.startup import make_replay_from; "
+            "r = make_replay_from(config.load(None, ['run.device=auto', 'replay.device=auto'])); "
+            "sys.exit(2 if 'torch' in sys.modules else 0 if type(r).__name__ == 'PrioritizedReplay' else 3)")
+    env = {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_bench_can_put_replay_on_the_cpus_torch() -> None:
+    from zmqrl.replay.device import PrioritizedDeviceReplay
+    from zmqrl.run.startup import make_replay_from
+
+    cfg = config.load(CARTPOLE_YAML, ["replay.capacity=100"])
+    replay = make_replay_from(cfg, torch_device="cpu", sum_tree="device")
+    assert isinstance(replay, PrioritizedDeviceReplay) and replay.sum_tree == "device"
+    assert replay.device.type == "cpu" and replay.capacity == 100

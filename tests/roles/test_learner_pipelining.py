@@ -206,3 +206,37 @@ def test_a_learner_fed_while_training_inserts_between_steps_and_settles_each_ste
     latest = read_json(tmp_path / "run" / "checkpoints" / "latest" / STATE_FILE)
     assert latest is not None and latest["opt_steps"] == learner.book.opt_steps
     assert latest["replay"]["sample_calls"] == learner.book.opt_steps
+
+
+def test_a_learner_with_replay_on_a_torch_device_trains_as_with_host_replay(
+        tmp_path: Path, cartpole_cfg: Any, zctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch replay on the CPU (what ``replay.device: cuda`` runs on a GPU) against the numpy replay: the same
+    batches, priorities and parameters, and the same replay file in the checkpoint (written from its snapshot)."""
+    import zmqrl.run.startup as startup
+    from zmqrl.replay.device import PrioritizedDeviceReplay
+    from zmqrl.replay.files import read_npz
+    from zmqrl.run.checkpoint import REPLAY_FILE
+
+    cfg = cartpole_cfg(*SETTINGS, "trainer.checkpoint_replay=true")
+    host, host_push = fed_learner(cfg, tmp_path / "host", zctx)
+    monkeypatch.setattr(startup, "replay_device", lambda cfg: "cpu")
+    device, device_push = fed_learner(cfg, tmp_path / "device", zctx)
+    try:
+        assert isinstance(device.replay, PrioritizedDeviceReplay) and type(host.replay).__name__ == "PrioritizedReplay"
+        for learner in (host, device):
+            learner.run(StopFlag())
+        assert device.book.opt_steps == host.book.opt_steps == MAX_OPTS
+        want = host.agent.params()
+        for name, value in device.agent.params().items():
+            np.testing.assert_array_equal(value, want[name], err_msg=name)
+        assert device.replay.state_dict() == host.replay.state_dict()
+        np.testing.assert_array_equal(device.replay.tree.leaves, host.replay.tree.leaves)
+        files = [read_npz(str(tmp_path / run / "checkpoints" / "latest" / REPLAY_FILE)) for run in ("host", "device")]
+        assert sorted(files[0]) == sorted(files[1])
+        for name, array in files[0].items():
+            np.testing.assert_array_equal(files[1][name], array, err_msg=name)
+        summaries = [read_json(tmp_path / run / "summary.json") or {} for run in ("host", "device")]
+        assert [s.get("replay_device") for s in summaries] == ["host", "cpu"]
+    finally:
+        host_push.close()
+        device_push.close()

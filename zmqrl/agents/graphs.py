@@ -79,7 +79,7 @@ def resolve_compile(setting: str, device: torch.device) -> tuple[str, str]:
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    return torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
 
 
 class Bindings:
@@ -143,19 +143,19 @@ class StaticProgram:
         self._side: Any = None  # the warm-up stream
         self._out: torch.Tensor | None = None
 
-    def __call__(self, batch: Mapping[str, np.ndarray] | None = None,
+    def __call__(self, batch: Mapping[str, np.ndarray | torch.Tensor] | None = None,
                  stager: BatchStager | None = None) -> torch.Tensor | None:
         """Copy ``batch`` into the input buffers (through ``stager``) and run the function once; returns
         its output buffer (None for a function without output), valid until the next call."""
         if batch is not None:
             assert stager is not None, "a batch needs a stager"
-            signature = tuple((k, tuple(a.shape), a.dtype.str) for k, a in batch.items())
+            dtypes = {k: a.dtype if isinstance(a, torch.Tensor) else _torch_dtype(a.dtype) for k, a in batch.items()}
+            signature = tuple((k, tuple(a.shape), str(dtypes[k])) for k, a in batch.items())
             if signature != self._signature:
                 if self._signature is not None:
                     self.forget(f"its batch changed ({self._signature} -> {signature})")
                 self._signature = signature
-                self.inputs = {k: torch.empty(shape, dtype=_torch_dtype(np.dtype(dt)), device=self.device)
-                               for k, shape, dt in signature}
+                self.inputs = {k: torch.empty(shape, dtype=dtypes[k], device=self.device) for k, shape, _ in signature}
             stager.into(batch, self.inputs)
         if self._bound is not None:
             moved = self._bound.moved()

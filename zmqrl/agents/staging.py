@@ -8,6 +8,9 @@ so a transfer still reading it is never overwritten.
 
 A static or captured update (:mod:`zmqrl.agents.graphs`) takes its inputs in buffers allocated once:
 :meth:`BatchStager.into` fills them with ``copy_``, the same way.
+
+A batch may hold tensors already (replay on the device, :mod:`zmqrl.replay.device`, gathers its batches
+there): they are used as they are, or copied on the device, never through the host.
 """
 
 from __future__ import annotations
@@ -29,26 +32,33 @@ class BatchStager:
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
 
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """Tensors on the device for every array of ``batch`` (same shapes and dtypes)."""
+    def __call__(self, batch: Mapping[str, np.ndarray | torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Tensors on the device for every array of ``batch`` (same shapes and dtypes); its tensors as they are
+        (moved only if on another device)."""
+        arrays, out = _split(batch, self.device)
         if not self.pinned:
-            out = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
-            return {k: t.to(self.device) for k, t in out.items()} if self.cuda else out
-        out = {key: host.to(self.device, non_blocking=True) for key, host in self._pinned(batch)}
-        self._record()
-        return out
+            staged = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+            out.update({k: t.to(self.device) for k, t in staged.items()} if self.cuda else staged)
+        elif arrays:
+            out.update({key: host.to(self.device, non_blocking=True) for key, host in self._pinned(arrays)})
+            self._record()
+        return {k: out[k] for k in batch}
 
-    def into(self, batch: Mapping[str, np.ndarray], out: Mapping[str, torch.Tensor]) -> None:
+    def into(self, batch: Mapping[str, np.ndarray | torch.Tensor], out: Mapping[str, torch.Tensor]) -> None:
         """Copy every array of ``batch`` into the device tensor of ``out`` under its key (same shapes;
         dtypes as the tensors'), in the order of the device's stream: on CUDA through the pinned
-        buffers, without waiting."""
+        buffers, without waiting; its tensors straight from where they are."""
+        arrays, tensors = _split(batch, self.device)
+        for key, tensor in tensors.items():
+            out[key].copy_(tensor, non_blocking=True)
         if not self.pinned:
-            for key, array in batch.items():
+            for key, array in arrays.items():
                 out[key].copy_(torch.from_numpy(np.ascontiguousarray(array)))
             return
-        for key, host in self._pinned(batch):
-            out[key].copy_(host, non_blocking=True)
-        self._record()
+        if arrays:
+            for key, host in self._pinned(arrays):
+                out[key].copy_(host, non_blocking=True)
+            self._record()
 
     def _pinned(self, batch: Mapping[str, np.ndarray]) -> Iterator[tuple[str, torch.Tensor]]:
         """Each array of ``batch`` copied into this turn's page-locked buffer for its key (one at a time, so
@@ -77,3 +87,11 @@ class BatchStager:
             buffers[key] = buf
         buf.numpy()[...] = array
         return buf
+
+
+def _split(batch: Mapping[str, np.ndarray | torch.Tensor],
+           device: torch.device) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
+    """``batch``'s host arrays, and its tensors moved to ``device`` (without waiting; a no-op where they are)."""
+    arrays = {k: np.asarray(v) for k, v in batch.items() if not isinstance(v, torch.Tensor)}
+    tensors = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    return arrays, tensors

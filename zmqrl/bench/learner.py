@@ -12,12 +12,16 @@ costs per Pong transition, what it sends while it waits for data, and what an up
 - ``learner_bytes_throttled``: bytes per second four actors' subscriptions receive from a Pong learner
   that waits for data (``max_samples_per_insert``), granting every 50 ms, against what the same grants
   cost when each rode on a model (the protocol before control had messages of its own). Goal: 100x fewer.
+- ``learner_opt_steps_pong_cuda_device_replay``: on CUDA, the fed Pong learner at batch 256 with replay on
+  the GPU (``replay.device: cuda``) against host replay; without CUDA it says so (``zmqrl bench --only cnn``
+  times replay on the device's code on the CPU, and the unfed loop on CUDA at batch 32, 256 and 512).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import threading
 import time
@@ -55,6 +59,7 @@ FEEDERS = 4
 DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--actor-rate)
 PONG_TRANSITIONS = {"full": 4096, "quick": 2048, "smoke": 1024}  # real Pong transitions made for the Pong rows
 SUBSCRIBERS = 4  # actors listening to the throttled learner
+BATCH_GPU = 256  # the GPU sprint's batch (configs/pong_dqn_gpu.yaml): the fed row of replay on the device
 
 
 def learner_config(path: Path, *overrides: str) -> Any:
@@ -396,8 +401,36 @@ def run(c: Context) -> list[Row]:
             ("learner_opt_steps_pong", "opt steps/s"), ("learner_intake_pong", "transitions/CPU-s"),
             ("learner_bytes_throttled", "bytes/s"))]
     else:
-        rows += [fed_row(c, pong, "learner_opt_steps_pong"), intake_row(c, pong), bytes_row(c, pong)]
+        rows += [fed_row(c, pong, "learner_opt_steps_pong"), intake_row(c, pong), bytes_row(c, pong),
+                 device_replay_fed_row(c, pong)]
     return [*rows, update_row(c, path), sac_update_row(c)]
+
+
+def device_replay_fed_row(c: Context, material: Material) -> Row:
+    """On CUDA: opt steps/s of the Pong learner at batch 256 (its update a CUDA graph) fed by :data:`FEEDERS`
+    feeders, with replay on the GPU (``replay.device: cuda``) against host replay, alternated."""
+    import torch
+
+    name = "learner_opt_steps_pong_cuda_device_replay"
+    if not torch.cuda.is_available():
+        return skipped_row(name, "opt steps/s", "no CUDA device here: replay on the device was not measured fed; "
+                                                "zmqrl bench --only cnn times its code on this CPU")
+    s = c.settings
+    rate = s.actor_rate or DEFAULT_RATE
+    rates: dict[str, list[float]] = {"cuda": [], "cpu": []}
+    for rep in range(max(1, s.reps) * 2):
+        for where in ("cuda", "cpu") if rep % 2 == 0 else ("cpu", "cuda"):
+            cfg = copy.deepcopy(material.cfg)
+            cfg.run.device, cfg.replay.device, cfg.agent.compile = "cuda", where, "auto"
+            cfg.agent.batch_size = BATCH_GPU
+            window = _window(c, dataclasses.replace(material, cfg=cfg), FEEDERS, rate, f"replay-{where}-{rep}")
+            rates[where].append(window["opt_s"])
+    note = (f"{material.path.name} at batch {BATCH_GPU} on {torch.cuda.get_device_name()} (update captured as a CUDA "
+            f"graph), in-process Learner.run, prioritized replay prefilled with {len(material.prefill['reward'])}, "
+            f"{FEEDERS} feeder processes pushing {material.what} at up to {rate:,.0f} transitions/s each: replay on "
+            "the GPU (replay.device: cuda) vs host replay (cpu); medians of alternated windows: "
+            + ", ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(rates["cuda"], rates["cpu"], strict=True)))
+    return make_row(name, median(rates["cuda"]), median(rates["cpu"]), "opt steps/s", note)
 
 
 def update_row(c: Context, path: Path) -> Row:

@@ -51,7 +51,7 @@ def run(c: Context) -> list[Row]:
     from zmqrl.run.startup import make_replay_from
 
     path = c.configs(CONFIG)[0]
-    cfg = load_config(path)
+    cfg = load_config(path, "replay.device=cpu")  # (host replay's bytes, wherever the learner would train)
     replay = make_replay_from(cfg)
     assert isinstance(replay, UniformReplay)  # (both kinds are: their sizes are what this row reads)
     batch = transition_pool(cfg, 256)
@@ -101,7 +101,7 @@ def _atari_rows(c: Context) -> list[Row]:
     from zmqrl.run.startup import make_replay_from
 
     path = c.configs(ATARI_CONFIG)[0]
-    cfg = load_config(path, f"replay.capacity={ATARI_CAPACITY}", "env.num_envs=8")
+    cfg = load_config(path, f"replay.capacity={ATARI_CAPACITY}", "env.num_envs=8", "replay.device=cpu")
     stream = transition_pool(cfg, ATARI_STREAM)
     stacks = stream["obs"][0].nbytes + stream["next_obs"][0].nbytes
     seconds = max(0.5, c.settings.actor_s)

@@ -3,14 +3,17 @@
 In order, all inside ``--budget-s`` (default 540 s, so the whole command fits 9 minutes):
 
 1. the host: cores, torch, the GPU;
-2. the captured-update tests (``pytest tests/agents/test_graphs.py -k test_cuda_``: each algorithm's update
-   captured as a CUDA graph equals its eager update), within ``TESTS_SHARE`` of the budget, into
+2. the CUDA tests (``pytest tests/agents/test_graphs.py tests/replay/test_device_replay.py -k test_cuda_``:
+   each algorithm's update captured as a CUDA graph equals its eager update; replay on the GPU is the numpy
+   replay's and never makes the host wait for the device), within ``TESTS_SHARE`` of the budget, into
    ``tests_cuda.log``; they come before the run, which trains with graphs (``agent.compile: auto``);
 3. the ``cnn`` bench group (the learner's Nature-CNN update on real Pong batches: on CPU, and on
-   CUDA at batch 32, 256 and 512 with pinned staging against plain copies, and captured as a CUDA
-   graph against eager) into ``bench_cnn.json``;
-4. ``zmqrl local`` with the sprint's config (``configs/pong_dqn_gpu.yaml``: Pong, the learner on
-   the GPU) and cores − 2 actors, for whatever wall time is left less a reserve for stopping and
+   CUDA at batch 32, 256 and 512 with pinned staging against plain copies, captured as a CUDA
+   graph against eager, and in the learner's loop with replay on the GPU against host replay; and
+   prioritized sampling over 1M items with the sum tree's copy on the GPU against the host's) into
+   ``bench_cnn.json``, within ``BENCH_SHARE`` of the budget;
+4. ``zmqrl local`` with the sprint's config (``configs/pong_dqn_gpu.yaml``: Pong, the learner and
+   its replay on the GPU) and cores − 2 actors, for whatever wall time is left less a reserve for stopping and
    reporting (``trainer.max_seconds``); its run directory is ``OUTDIR/run``;
 5. ``OUTDIR/summary.json`` (the run's), ``config.yaml`` (what ran), ``curve.png`` (``zmqrl plot``),
    ``sprint.json`` (everything the report says, as numbers) and ``report.txt``, the one-screen
@@ -47,10 +50,12 @@ from zmqrl.run.rundir import CONFIG_FILE, SUMMARY_FILE, read_json, write_json_at
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "configs" / "pong_dqn_gpu.yaml"
-GRAPH_TESTS = REPO / "tests" / "agents" / "test_graphs.py"
+CUDA_TESTS = (REPO / "tests" / "agents" / "test_graphs.py", REPO / "tests" / "replay" / "test_device_replay.py")
 STOP_RESERVE_S = 45.0  # after max_seconds: the learner's final checkpoint, every role's exit, the plot
 TESTS_SHARE = 0.15  # at most this part of the budget for the CUDA tests (their set takes under 60 s on an H100)
-BENCH_SHARE = 0.25  # at most this part of the budget for the bench group (about 90 s of it on an H100)
+# At most this part of the budget for the bench group: about 90 s on an H100 before the rows of replay on the
+# device, which add about 35 s there (9 loops of the learner at 3 batch sizes, 6 sum-tree windows, their replays).
+BENCH_SHARE = 0.35
 MIN_RUN_S = 20.0
 
 
@@ -64,7 +69,7 @@ class Sprint:
     actors: int
     device: str
     bench: str  # quick, smoke or none
-    tests: str = "cuda"  # cuda (the captured-update tests) or none
+    tests: str = "cuda"  # cuda (the CUDA tests: captured updates, replay on the GPU) or none
     overrides: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     found: dict[str, Any] = field(default_factory=dict)
@@ -104,16 +109,18 @@ def run_bounded(argv: list[str], log: Path, timeout_s: float) -> int | None:
 
 
 def cuda_tests(s: Sprint) -> dict[str, Any]:
-    """The captured-update tests, bounded by ``TESTS_SHARE`` of the budget: their counts (passed, failed,
+    """The CUDA tests, bounded by ``TESTS_SHARE`` of the budget: their counts (passed, failed,
     skipped, ...) and exit code, or why they did not run. A failure is one of the sprint's problems."""
     if s.tests == "none":
         return {"ran": False, "why": "--tests none"}
-    if not GRAPH_TESTS.is_file() or importlib.util.find_spec("pytest") is None:
-        why = f"no {GRAPH_TESTS.relative_to(REPO)} here" if not GRAPH_TESTS.is_file() else "pytest is not installed"
+    missing = [path for path in CUDA_TESTS if not path.is_file()]
+    if missing or importlib.util.find_spec("pytest") is None:
+        why = f"no {missing[0].relative_to(REPO)} here" if missing else "pytest is not installed"
         s.found.setdefault("problems", []).append(f"cuda tests not run: {why}")
         return {"ran": False, "why": why}
     log = s.out / "tests_cuda.log"
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_cuda_", str(GRAPH_TESTS)]
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_cuda_",
+            *map(str, CUDA_TESTS)]
     s.say(f"tests: pytest {' '.join(argv[3:])}")
     started = time.monotonic()
     rc = run_bounded(argv, log, TESTS_SHARE * s.budget_s)
@@ -213,8 +220,9 @@ def report(s: Sprint, summary: dict[str, Any], rows: list[dict[str, Any]], rc: i
     wall = float(summary.get("wall_s") or 0.0)
     lines += [
         f"learner          {summary.get('opt_steps', 0):,} updates ({fmt(in_job)}/s) of batch "
-        f"{s.found.get('batch_size')}; samples per insert {fmt(summary.get('samples_per_insert'))}; skipped "
-        f"{summary.get('updates_skipped', 0)}, models withheld {summary.get('models_withheld', 0)}",
+        f"{s.found.get('batch_size')}, replay on {summary.get('replay_device') or '-'}; samples per insert "
+        f"{fmt(summary.get('samples_per_insert'))}; skipped {summary.get('updates_skipped', 0)}, models withheld "
+        f"{summary.get('models_withheld', 0)}",
         "learner alone    " + (f"{fmt(alone['measured'])} updates/s ({alone['name']}); in the job "
                                f"{fmt(in_job)}/s, {float(in_job or 0) / alone['measured']:.2f} of it"
                                if alone else "no bench row at the job's batch and device"),
@@ -231,9 +239,12 @@ def report(s: Sprint, summary: dict[str, Any], rows: list[dict[str, Any]], rc: i
         f"inserted, {fmt(actors['wire_bytes_per_transition'])} bytes per transition on the wire, "
         f"{summary.get('messages', {}).get('batches_lost', 0)} batches lost",
     ]
-    for r in rows:
-        lines.append(f"bench {r['name']:<28} {fmt(r.get('measured'))} {r.get('unit', '')}"
+    measured = [r for r in rows if r.get("measured") is not None]
+    for r in measured:
+        lines.append(f"bench {r['name']:<35} {fmt(r.get('measured'))} {r.get('unit', '')}"
                      f" (baseline {fmt(r.get('baseline'))}): {r.get('note', '')[:90]}")
+    if len(measured) < len(rows):
+        lines.append(f"bench            {len(rows) - len(measured)} rows not measured here (bench_cnn.json says why)")
     for p in s.found.get("problems", []):
         lines.append(f"problem          {p}")
     return "\n".join(lines)
@@ -243,8 +254,8 @@ def learner_alone(rows: list[dict[str, Any]], batch_size: Any, device: str) -> d
     """The bench row that times the learner's loop alone (sample, update, priorities) at the job's batch
     size on its device, where the bench measured one."""
     kind = "cuda" if str(device).startswith("cuda") else "cpu"
-    names = ([f"cnn_learner_b{batch_size}_cuda_device", f"cnn_learner_b{batch_size}_cuda_pinned"] if kind == "cuda"
-             else [f"cnn_learner_b{batch_size}_cpu"])
+    names = ([f"cnn_learner_b{batch_size}_cuda_device_replay", f"cnn_learner_b{batch_size}_cuda_pinned"]
+             if kind == "cuda" else [f"cnn_learner_b{batch_size}_cpu"])
     by_name = {r.get("name"): r for r in rows if r.get("measured")}
     return next((by_name[n] for n in names if n in by_name), None)
 
@@ -320,7 +331,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench", choices=("quick", "smoke", "none"), default="quick",
                    help="the cnn bench group's length (default quick; smoke for a plumbing check)")
     p.add_argument("--tests", choices=("cuda", "none"), default="cuda",
-                   help="cuda: first run the captured-update tests (tests/agents/test_graphs.py -k test_cuda_)")
+                   help="cuda: first run the CUDA tests (captured updates, replay on the GPU: -k test_cuda_)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable)")
 

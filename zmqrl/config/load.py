@@ -156,6 +156,9 @@ def _check_ranges(cfg: Config, source: str) -> None:
     if cfg.agent.compile == "graph" and cfg.run.device == "cpu":
         raise ConfigError(f"{source}: agent.compile: graph needs a CUDA device, but run.device is cpu "
                           "(set run.device to cuda or auto, or agent.compile to auto or none)")
+    if cfg.replay.device == "cuda" and cfg.run.device == "cpu":
+        raise ConfigError(f"{source}: replay.device: cuda keeps replay on the learner's CUDA device, but run.device is "
+                          "cpu (set run.device to cuda or auto, or replay.device to auto or cpu)")
     if cfg.agent.batch_size > cfg.replay.capacity:
         raise ConfigError(f"{source}: agent.batch_size ({cfg.agent.batch_size}) exceeds "
                           f"replay.capacity ({cfg.replay.capacity})")
@@ -191,6 +194,9 @@ def _check_sequences(cfg: Config, source: str) -> None:
     if not type(cfg.agent).SEQUENCES and rc.sequence_length > 0:
         raise ConfigError(f"{source}: replay.sequence_length: agent.algo={algo} trains on transitions, not "
                           f"sequences; leave it 0 (got {rc.sequence_length})")
+    if type(cfg.agent).SEQUENCES and rc.device == "cuda":
+        raise ConfigError(f"{source}: replay.device: agent.algo={algo} builds its sequences' targets from sampled "
+                          "items on the host; set replay.device to auto or cpu (auto keeps them there)")
     if rc.sequence_length > 0 and rc.overlap >= rc.sequence_length:
         raise ConfigError(f"{source}: replay.overlap ({rc.overlap}) must be less than replay.sequence_length "
                           f"({rc.sequence_length}): a sequence starts every sequence_length - overlap steps")

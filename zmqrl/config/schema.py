@@ -94,7 +94,8 @@ class ReplayConfig:
     beta_steps: int = 20_000  # optimisation steps over which beta anneals to 1
     priority_eps: float = 1e-6  # added to |td error| before the exponent
     dedup_frames: bool = True  # store each distinct uint8 image frame of obs/next_obs once
-    compress: str = "none"  # none, lz4 or zstd: replay's frames kept compressed, decompressed when sampled
+    compress: str = "none"  # none, lz4 or zstd: replay's frames kept compressed in host memory (unpacked to sample)
+    device: str = "auto"  # where replay keeps items, gathers batches: cpu, cuda, auto (the learner's if CUDA, else cpu)
     sequence_length: int = 0  # trained steps per sequence item of a recurrent agent (R2D2: 80); 0: transitions
     burn_in: int = 40  # steps before each sequence that only warm up the recurrent state, untrained (R2D2: 40)
     overlap: int = 40  # steps each sequence shares with the next: one starts every sequence_length - overlap steps
@@ -190,6 +191,7 @@ CHOICE_KEYS: dict[str, tuple[str, ...]] = {
     "net.security": ("none", "curve"),
     "net.compress": ("none", "lz4", "zstd"),
     "replay.compress": ("none", "lz4", "zstd"),
+    "replay.device": ("auto", "cpu", "cuda"),
     "env.backend": ("auto", "gymnasium", "envpool"),
     "agent.compile": ("auto", "none", "graph"),
 }

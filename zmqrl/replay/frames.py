@@ -32,12 +32,13 @@ class FramePool:
 
     Released slots are reused before new ones, so the memory in use follows the number of
     distinct frames alive. Uncompressed, the frame array is reserved up front for ``reserve``
-    frames (pages are only touched when written) and grows by half when a stream of distinct
-    frames outruns it. Compressed (``compress`` "lz4" or "zstd"), frames live in a byte arena
+    frames (pages are only touched when written) and grows by ``growth`` (half) when a stream of
+    distinct frames outruns it. Compressed (``compress`` "lz4" or "zstd"), frames live in a byte arena
     that grows by half as needed (see the module's docstring).
     """
 
-    def __init__(self, frame_shape: tuple[int, ...], dtype: np.dtype, reserve: int, compress: str = "none") -> None:
+    def __init__(self, frame_shape: tuple[int, ...], dtype: np.dtype, reserve: int, compress: str = "none",
+                 growth: float = 0.5) -> None:
         self.frame_shape = tuple(int(d) for d in frame_shape)
         self.dtype = np.dtype(dtype)
         self.frame_nbytes = int(np.prod(self.frame_shape, dtype=np.int64)) * self.dtype.itemsize
@@ -63,6 +64,9 @@ class FramePool:
         self._length = np.zeros(reserve if self._codec else 0, dtype=np.int32)
         self._spare: dict[int, list[int]] = {}  # granule count -> offsets of free extents of that size
         self._spare_bytes = 0
+        self.growth = float(growth)  # slots grow by this share of their number when a new frame finds none free
+        # (slots, frames) stored since the owner last took them, where it keeps a copy elsewhere (None: not kept)
+        self.stored: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     def __len__(self) -> int:
         """Number of distinct frames alive."""
@@ -197,6 +201,8 @@ class FramePool:
         else:
             self._pack(slots, frames)
         self.fingerprint[slots] = fps
+        if self.stored is not None:
+            self.stored.append((slots, frames))
         if index:
             self._index.update(zip(fps.tolist(), slots.tolist(), strict=True))
         return slots
@@ -213,7 +219,7 @@ class FramePool:
         return out
 
     def _grow(self, needed: int) -> None:
-        size = max(needed, self.refcount.size + self.refcount.size // 2)
+        size = max(needed, self.refcount.size + int(self.refcount.size * self.growth))
         if self._codec is None:
             frames = np.empty((size, *self.frame_shape), dtype=self.dtype)
             frames[: self.high] = self.frames[: self.high]

@@ -141,24 +141,26 @@ class PrioritizedReplay(UniformReplay):
             self._max_priority = min(max(self._max_priority, float(values.max())), self.leaf_cap)
         return values
 
-    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
-        """Stratified proportional sample with normalised importance weights."""
+    def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stratified proportional indices and their normalised importance weights; uniform with unit weights
+        when every stored priority is zero (nothing to be proportional to)."""
+        targets = self._targets(batch_size)
+        if targets is None:
+            indices, weights = super()._draw(batch_size)
+        else:
+            indices = self._tree.find(targets)
+            weights = ((self._tree.get(indices) / self._tree.min_positive()) ** -self.beta).astype(np.float32)
+        self._sample_calls += 1
+        return indices, weights
+
+    def _targets(self, batch_size: int) -> np.ndarray | None:
+        """The prefix sums the next sample searches the sum tree for, one in each of ``batch_size`` equal strata
+        of the total (None when the total is zero)."""
         self._check_sample(batch_size)
         total = self._tree.total()
-        if not total > 0.0:  # every stored priority is zero: nothing to be proportional to
-            out = super().sample(batch_size)
-            self._sample_calls += 1
-            return out
-        beta = self.beta
-        targets = (np.arange(batch_size) + self._rng.random(batch_size)) * (total / batch_size)
-        indices = self._tree.find(targets)
-        p_min = self._tree.min_positive()
-        weights = (self._tree.get(indices) / p_min) ** -beta
-        self._sample_calls += 1
-        out = self.get(indices)
-        out["indices"] = indices
-        out["weights"] = weights.astype(np.float32)
-        return out
+        if not total > 0.0:
+            return None
+        return (np.arange(batch_size) + self._rng.random(batch_size)) * (total / batch_size)
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray, sampled_at: int | None = None) -> None:
         """Set raw priorities (e.g. |TD error|) for previously sampled indices.

@@ -34,6 +34,8 @@ class UniformReplay:
     """
 
     _file_priorities = False  # whether its files hold priorities (a prioritized replay's do)
+    _FRAME_HEADROOM = 4  # frame slots reserved: capacity + capacity // this (+ 1024), more as needed
+    _FRAME_GROWTH = 0.5  # ... by this share of the slots at a time
 
     def __init__(self, capacity: int, seed: int | None = None, frame_stack: int = 0, *,
                  schema: Schema | None = None, compress: str = "none") -> None:
@@ -93,6 +95,11 @@ class UniformReplay:
     def frames_nbytes(self) -> int:
         """Bytes of the frame pool alone (0 without one): what grows with the distinct frames held."""
         return self._pool.nbytes if self._pool is not None else 0
+
+    @property
+    def frames_held(self) -> int:
+        """Distinct frames the frame pool holds now (0 without one)."""
+        return len(self._pool) if self._pool is not None else 0
 
     @property
     def frame_keys(self) -> tuple[str, ...]:
@@ -271,7 +278,7 @@ class UniformReplay:
             # Frames alive ~ one per item plus each episode's first frames; more grows the pool.
             most = max(per_item.values())
             self._use_frames(per_item, reserve=min(2 * most * self._capacity,
-                                                   self._capacity + self._capacity // 4 + 1024))
+                                                   self._capacity + self._capacity // self._FRAME_HEADROOM + 1024))
 
     def _frame_layout(self) -> list[str]:
         """The frame keys of the schema, if frames are to be stored once (else empty)."""
@@ -282,7 +289,8 @@ class UniformReplay:
     def _use_frames(self, per_item: Mapping[str, int], reserve: int) -> None:
         """An empty frame pool and zeroed slot rings for the keys of ``per_item`` (its frames per item)."""
         shape, dtype = self._schema[next(iter(per_item))]
-        self._pool = FramePool(frame_layout(shape)[1], dtype, reserve, compress=self._compress)
+        self._pool = FramePool(frame_layout(shape)[1], dtype, reserve, compress=self._compress,
+                               growth=self._FRAME_GROWTH)
         self._frame_refs = {k: np.zeros((self._capacity, n), dtype=np.int32) for k, n in per_item.items()}
 
     # ------------------------------------------------------------------ reading
@@ -301,12 +309,17 @@ class UniformReplay:
 
     def sample(self, batch_size: int) -> dict[str, np.ndarray]:
         """Sample ``batch_size`` items uniformly with replacement."""
-        self._check_sample(batch_size)
-        indices = self._rng.integers(0, self._size, size=batch_size, dtype=np.int64)
+        indices, weights = self._draw(batch_size)
         out = self.get(indices)
         out["indices"] = indices
-        out["weights"] = np.ones(batch_size, dtype=np.float32)
+        out["weights"] = weights
         return out
+
+    def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The storage indices (int64) and importance weights (float32) of the next sample."""
+        self._check_sample(batch_size)
+        indices = self._rng.integers(0, self._size, size=batch_size, dtype=np.int64)
+        return indices, np.ones(batch_size, dtype=np.float32)
 
     def _check_sample(self, batch_size: int) -> None:
         if batch_size < 1:

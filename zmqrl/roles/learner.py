@@ -33,7 +33,8 @@ draw its version-0 parameters with numpy, the learner publishes them, starts rec
 inserting into the (numpy-only) replay at once, and imports torch and builds the agent in a
 background thread; the agent adopts those same parameters, so every actor acts with the model
 the learner trains. Optimisation starts once the agent is built and replay holds
-``trainer.warmup`` transitions. Resuming, and other networks, build the agent first.
+``trainer.warmup`` transitions. Resuming, and other networks, build the agent first. Replay on the
+learner's CUDA device (``replay.device``) is made of torch tensors: torch loads before it.
 """
 
 from __future__ import annotations
@@ -394,6 +395,7 @@ class Learner(RoleProcess):
         published = self.publisher.stats()
         return {
             "role": "learner", "endpoints": self.endpoints, "replay_size": len(self.replay),
+            "replay_device": str(getattr(self.replay, "device", "host")),
             "transitions_inserted": self.limiter.inserted,
             "transitions_inserted_per_s": self.limiter.inserted / max(self.book.wall_s, 1e-9),
             "samples_per_insert": self.samples_per_insert(),

@@ -72,7 +72,8 @@ class ReplayCheckpointer:
     :meth:`snapshot` copies the buffer in memory (a memcpy) on the training thread and returns
     the writer of that copy, so the file can be written off the training loop; it is one of
     the files of the checkpoint directory, renamed into place with the rest, so a ``latest``
-    never pairs with another checkpoint's replay.
+    never pairs with another checkpoint's replay. A replay on a torch device is copied through
+    its own ``snapshot()``: its host side, which holds everything its file does, and nothing on the device.
     """
 
     def __init__(self, replay: ReplayBuffer) -> None:
@@ -82,7 +83,8 @@ class ReplayCheckpointer:
     def snapshot(self, opt_steps: int, copy_now: bool = True) -> Callable[[Path], None]:
         """The writer of the replay as it is now (a copy when ``copy_now``, else the live buffer,
         which must then not change until the writer has run)."""
-        replay = copy.deepcopy(self.replay) if copy_now else self.replay
+        snapshot = getattr(self.replay, "snapshot", None)
+        replay = (snapshot() if snapshot is not None else copy.deepcopy(self.replay)) if copy_now else self.replay
 
         def write(path: Path) -> None:
             replay.save(str(path), stamp={"opt_steps": opt_steps})

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.config import Config, dump
+from zmqrl.config import Config, ConfigError, dump
 from zmqrl.core import Agent, ReplayBuffer
 from zmqrl.replay import make_replay
 from zmqrl.run.bookkeeping import Bookkeeper, FileWriters
@@ -82,17 +84,72 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
     return Run(path, replay, book, built, point)
 
 
-def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None) -> ReplayBuffer:
+def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None, *,
+                     torch_device: str | None = None, sum_tree: str = "host") -> ReplayBuffer:
     """The configured replay; image frames are stored once unless ``replay.dedup_frames`` is off.
 
-    ``spec`` (the algorithm's batch spec) fixes the stored arrays before any batch arrives.
-    Torch-free, so the learner can build its replay and start inserting before torch has loaded.
+    ``spec`` (the algorithm's batch spec) fixes the stored arrays before any batch arrives. On the host
+    (``replay.device`` cpu, or auto with the learner off CUDA) it is torch-free, so the learner can build its
+    replay and start inserting before torch has loaded; on a torch device (:func:`replay_device`) it is
+    :mod:`zmqrl.replay.device`'s, the one place that module is imported. ``torch_device`` puts it on that
+    torch device whatever the config says (the bench's torch replay on the CPU), ``sum_tree`` (host or
+    device) is where its prioritized sampling searches.
     """
     r = cfg.replay
     stacked = any(w in STACKING_WRAPPERS for w in cfg.env.wrappers)
     frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1
-    return make_replay(r.capacity, r.prioritized, seed=cfg.run.seed + 7, frame_stack=frame_stack, schema=spec,
-                       compress=r.compress, alpha=r.alpha, beta0=r.beta0, beta_steps=r.beta_steps, eps=r.priority_eps)
+    options = {"alpha": r.alpha, "beta0": r.beta0, "beta_steps": r.beta_steps, "eps": r.priority_eps}
+    device = torch_device or replay_device(cfg)
+    if device is None:
+        return make_replay(r.capacity, r.prioritized, seed=cfg.run.seed + 7, frame_stack=frame_stack, schema=spec,
+                           compress=r.compress, **options)
+    from zmqrl.replay.device import make_device_replay
+
+    replay = make_device_replay(device, r.capacity, r.prioritized, seed=cfg.run.seed + 7, frame_stack=frame_stack,
+                                schema=spec, compress=r.compress, sum_tree=sum_tree, **options)
+    log.info("replay on %s (%s): %.2f GiB there for %s transitions", device,
+             f"replay.device={r.device}" if torch_device is None else "asked for", replay.planned_nbytes() / 2**30,
+             f"{r.capacity:,}")
+    return replay
+
+
+def replay_device(cfg: Config) -> str | None:
+    """The torch device ``replay.device`` keeps replay on, or None for host memory (numpy).
+
+    ``auto`` is the learner's device (``run.device``) where that is CUDA, and the host otherwise, and for
+    algorithms that read their sampled items on the host (sequences: R2D2); without a GPU driver on this
+    host it decides so without importing torch. ``cuda`` is the learner's CUDA device; a ConfigError naming
+    ``replay.device`` where there is none.
+    """
+    setting, learner = cfg.replay.device, cfg.run.device
+    if setting == "cpu" or (setting == "auto" and (type(cfg.agent).SEQUENCES or learner == "cpu"
+                                                   or (learner == "auto" and not _gpu_driver_here()))):
+        return None
+    import torch
+
+    from zmqrl.agents.torch_util import resolve_device
+
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"replay.device: cuda requested but no CUDA device is available here (run.device={learner})"
+                          "; set replay.device to auto or cpu")
+    device = resolve_device(learner)
+    if device.type == "cuda":
+        return str(device)
+    if setting == "auto":
+        return None
+    raise ConfigError(f"replay.device: cuda keeps replay on the learner's CUDA device, but run.device={learner} is "
+                      f"{device}; set run.device to cuda, or replay.device to auto or cpu")
+
+
+def _gpu_driver_here() -> bool:
+    """Whether this host may have a CUDA device: torch, if loaded, says; otherwise a GPU driver's device node
+    (NVIDIA's, or ROCm's for torch on AMD) and a ``CUDA_VISIBLE_DEVICES`` that leaves a device."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return bool(torch.cuda.is_available())
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd"))
 
 
 def prepare_run_dir(cfg: Config, run_dir: str | Path | None) -> Path:
