@@ -205,6 +205,7 @@ def dead_pid() -> int:
     return proc.pid
 
 
+@pytest.mark.slow  # (it starts a process, for the PID of one that has exited)
 def test_a_save_removes_what_dead_saves_left_and_keeps_the_only_good_copy(tmp_path: Path) -> None:
     ckpts = tmp_path / "checkpoints"
     checkpoint.save(ckpts / "latest", agent_state(1.0), {"version": 1})
