@@ -113,7 +113,7 @@ def test_local_launcher_solves_cartpole(tmp_path: Path, procs: Procs) -> None:
     assert summary["best_eval_return"] is not None and summary["best_eval_return"] >= 475, \
         f"best eval return {summary['best_eval_return']} < 475 ({summary['stop_reason']})\n{diag()}"
     assert "stop_return" in summary["stop_reason"], summary["stop_reason"]
-    assert {"sample", "update", "priorities", "ingest", "publish", "other"} <= set(summary["compute_cost"])
+    assert {"sample", "update", "priorities", "insert", "publish", "other"} <= set(summary["compute_cost"])
     assert 0.99 <= sum(summary["compute_cost"].values()) <= 1.01, summary["compute_cost"]
     assert summary["transitions_inserted_per_s"] > 0 and summary["replay_samples_per_s"] > 0
     solving = next(e for e in summary["evals"] if e["return_mean"] >= 475)
@@ -147,7 +147,8 @@ def test_local_launcher_solves_cartpole(tmp_path: Path, procs: Procs) -> None:
     needed = {"perf/env_steps_per_s", "perf/opt_steps_per_s", "perf/samples_per_insert", "perf/policy_lag_mean",
               "perf/model_version", "perf/replay_size", "perf/priority_max", "perf/priority_mean",
               "perf/priorities_clamped", "perf/transitions_inserted_per_s", "perf/replay_samples_per_s",
-              "cost/sample", "cost/update", "cost/priorities", "cost/ingest", "cost/publish", "cost/other"}
+              "cost/sample", "cost/update", "cost/priorities", "cost/insert", "cost/publish", "cost/other",
+              "perf/intake_cpu_s", "perf/bytes_published"}
     assert needed <= tags, f"missing TensorBoard tags {sorted(needed - tags)}; have {sorted(tags)}"
 
     best = run_dir / "checkpoints" / "best"

@@ -1,14 +1,16 @@
-"""Where a training loop's time goes: seconds spent per part (the learner: replay sampling, the update,
-priority write-back, taking data in, publishing models; ``zmqrl train``: acting, inserting, sampling, the
-update, priority write-back, evaluating), as fractions of wall time per record interval (``cost/<part>``
-in TensorBoard, with ``cost/other`` for the rest) and over the whole run (the summary's ``compute_cost``
-and the run table).
+"""Where a training loop's time goes: seconds spent per part (the learner's loop: replay sampling
+``sample``, queuing the update ``update``, waiting for a step's results ``wait``, priority write-back
+``priorities``, inserting what its intake handed over ``insert``, making models ``publish``, waiting
+for data ``idle``; ``zmqrl train``: acting, inserting, sampling, the update, priority write-back,
+evaluating), as fractions of wall time per record interval (``cost/<part>`` in TensorBoard, with
+``cost/other`` for the rest) and over the whole run (the summary's ``compute_cost`` and the run table).
+The learner's intake and publisher threads run beside its loop: their CPU time is reported apart
+(``perf/intake_cpu_s``, the summary's ``intake``).
 
 The loop times each part itself (``time.perf_counter`` around the call, well under a microsecond).
-On a GPU the update's time is what the host spends on it: kernels still running when it returns are
-counted in the next part that waits for them. The learner reads a step's results one step later
-(:mod:`~zmqrl.roles.learner`): its ``update`` is the time queuing each step plus the time waiting for
-the results of one the device has not finished by then.
+On a GPU the update's time is what the host spends queuing it: kernels still running when it returns
+are counted where the host next waits for them, the learner's ``wait`` (it reads a step's results one
+step later, :mod:`~zmqrl.roles.learner`).
 """
 
 from __future__ import annotations
