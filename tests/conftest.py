@@ -28,8 +28,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also run the learning tests' extra seeds (marked allseeds): the nightly tier")
 
 
+SHARED = {"multihost": "netns", "slurm": "slurm"}  # marks of tests that share one resource: one worker runs them
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without ``--all-seeds`` the extra seeds of learning tests (``tiers.seeds``) are deselected."""
+    """Without ``--all-seeds`` the extra seeds of learning tests (``tiers.seeds``) are deselected; the tests
+    of one shared resource run on one worker (``-n 2 --dist loadgroup``, the default)."""
+    for item in items:
+        for mark, group in SHARED.items():
+            if item.get_closest_marker(mark) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("--all-seeds"):
         return
     extra = [item for item in items if item.get_closest_marker("allseeds") is not None]

@@ -274,8 +274,9 @@ def run_steps(stepper: VectorStepper, actions: list[np.ndarray]) -> list[tuple[A
     return out
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", pytest.param("HalfCheetah-v5", marks=MUJOCO),
-                                    pytest.param("Ant-v5", marks=MUJOCO)])
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1",  # (MuJoCo's start a process: slow tier)
+                                    pytest.param("HalfCheetah-v5", marks=[MUJOCO, pytest.mark.slow]),
+                                    pytest.param("Ant-v5", marks=[MUJOCO, pytest.mark.slow])])
 def test_vector_state_round_trip_continues_exactly(env_id: str, tmp_path: Path) -> None:
     """A fresh vector given a saved state (through a file) steps exactly like the original,
     across episode ends and time limits, and its RNGs continue the same streams."""

@@ -321,6 +321,7 @@ def test_a_role_with_start_after_waits_for_its_file(tmp_path: Path) -> None:
     assert {r.state for r in sup.roles.values()} == {"failed"}  # both were still running: TERM ended them
 
 
+@pytest.mark.slow
 def test_a_role_waiting_too_long_for_start_after_starts_anyway(tmp_path: Path) -> None:
     later = RoleSpec("evaluator", "evaluator", [sys.executable, "-c", "pass"], start_after="never.json")
     sup = Supervisor("local", "local", tmp_path / "run", lambda attempt: [later])

@@ -60,6 +60,7 @@ def both_actors_wait_for_a_model(log: Callable[[int], str]) -> bool:
     return all("waiting for the first model" in log(i) for i in (0, 1))
 
 
+@pytest.mark.slow
 def test_every_script_parses() -> None:
     """``bash -n`` on every script (the tests below run them; this names a syntax error at once)."""
     scripts = [*LAUNCH.glob("*.sh"), *LAUNCH.glob("slurm/*.sh"), *LAUNCH.glob("slurm/*.sbatch")]
@@ -179,6 +180,7 @@ def test_multihost_example(tmp_path: Path, procs: Procs, two_hosts: Lan | None) 
     assert not pids_with_arg(str(run_dir))
 
 
+@pytest.mark.slow
 def test_multihost_example_without_learner_says_so(tmp_path: Path) -> None:
     done = subprocess.run([*script_env(ZMQRL_RUN_DIR=str(tmp_path)), "bash", str(LAUNCH / "multihost_example.sh"),
                            "host"], capture_output=True, text=True, timeout=60, env={**os.environ, "LEARNER": ""})
