@@ -35,7 +35,8 @@ SHORT = ["trainer.warmup=100", "trainer.eval_interval=50", "trainer.eval_episode
          "replay.capacity=5000"]
 ALGOS = {  # config file and overrides that keep each run to seconds
     "dqn": ("cartpole_dqn.yaml", ["env.max_episode_steps=200"]),
-    "sac": ("pendulum_sac.yaml", ["agent.hidden=[64,64]", "agent.batch_size=64", "agent.random_steps=100"]),
+    "sac": ("pendulum_sac.yaml", ["agent.hidden=[64,64]", "agent.batch_size=64", "agent.random_steps=100",
+                                  "run.torch_threads=1"]),
 }
 
 
