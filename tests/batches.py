@@ -1,4 +1,5 @@
-"""Test data for the tests in every folder: CartPole-v1 batches and the BATCH messages that carry them.
+"""Test data for the tests in every folder: CartPole-v1 batches and the BATCH messages that carry them,
+and receiving one message with a timeout.
 
 Numpy and :mod:`zmqrl.wire` only, so the hostile client (a process of its own) builds its batches here too.
 """
@@ -8,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import zmq
 
-from zmqrl.wire import BATCH, encode
+from zmqrl.wire import BATCH, DEFAULT_LIMITS, Limits, Message, decode, encode
 
 CARTPOLE_N = 64  # transitions per batch: the shipped CartPole config's actor.n_buffer
 
@@ -33,3 +35,15 @@ def batch_frames(sender: str, seq: int, arrays: dict[str, np.ndarray], meta: dic
     the env steps an actor reports after ``seq + 1`` batches of :data:`CARTPOLE_N`."""
     return encode(BATCH, sender=sender, incarnation=inc, seq=seq, version=0, arrays=arrays,
                   meta=meta if meta is not None else {"stats": {"env_steps": CARTPOLE_N * (seq + 1)}})
+
+
+def recv_message(sock: zmq.Socket, limits: Limits = DEFAULT_LIMITS, timeout_ms: int | None = 0) -> Message | None:
+    """Wait up to ``timeout_ms`` (None: forever) for one message on ``sock`` and decode it; None on timeout
+    (WireError, the message consumed, for a bad one)."""
+    if not sock.poll(timeout_ms, zmq.POLLIN):
+        return None
+    try:
+        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+    return decode(frames, limits)

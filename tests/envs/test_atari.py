@@ -170,7 +170,7 @@ def test_catch_rewards_the_ball_caught() -> None:
 def test_an_atari_vector_resumes_exactly_from_its_saved_state(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The emulator's state (and its RNG: sticky actions) is saved with the rest of the env state,
     through the checkpoint's plain-data file; a fresh vector given it steps exactly as the original."""
-    from zmqrl.envs.state import capture_vector, restore_vector
+    from zmqrl.envs.state import capture_vector, plan_restore_vector
     from zmqrl.run.checkpoint import read_tree, write_tree
 
     sticky = EnvConfig(id="ALE/SpaceInvaders-v5", kwargs={"frameskip": 1, "repeat_action_probability": 0.25},
@@ -186,7 +186,8 @@ def test_an_atari_vector_resumes_exactly_from_its_saved_state(tmp_path) -> None:
     write_tree(tmp_path / "env_state.npz", saved)
     fresh = make_vector_env(sticky, 2, seed=99)
     fresh.reset(seed=[7, 8])
-    restore_vector(fresh, read_tree(tmp_path / "env_state.npz"))
+    for step in plan_restore_vector(fresh, read_tree(tmp_path / "env_state.npz")):
+        step()
     actions = rng.integers(6, size=(400, 2))
     a = [original.step(x) for x in actions]
     b = [fresh.step(x) for x in actions]
@@ -200,7 +201,7 @@ def test_an_atari_vector_resumes_exactly_from_its_saved_state(tmp_path) -> None:
 
 
 def test_a_damaged_emulator_state_is_refused_naming_where() -> None:
-    from zmqrl.envs.state import capture_vector, restore_vector
+    from zmqrl.envs.state import capture_vector, plan_restore_vector
 
     vec = make_vector_env(INVADERS, 1, seed=0)
     vec.reset(seed=[0])
@@ -209,4 +210,4 @@ def test_a_damaged_emulator_state_is_refused_naming_where() -> None:
         if "ale" in layer["attrs"]:
             layer["attrs"]["ale"]["value"] = np.zeros(10, np.uint8)
     with pytest.raises(ValueError, match=r"sub-env 0 AtariEnv.*emulator state"):
-        restore_vector(vec, saved)
+        plan_restore_vector(vec, saved)

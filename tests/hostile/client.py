@@ -61,8 +61,9 @@ from zmqrl.wire import (
     HELLO,
     STATS,
     SocketOptions,
-    encode_eval,
+    encode,
     encode_hello,
+    eval_meta,
     make_socket,
     new_incarnation,
     pack,
@@ -312,8 +313,9 @@ def eval_flood(h: Hostile) -> Gen:
         try:
             inc, version = new_incarnation(), h.model_version()
             for seq in range(EVAL_BURST):
-                h.send(LEARNER_EVAL, encode_eval("hostile-eval_flood", inc, seq, version, [20.0] * 10, [20] * 10),
-                       sock)
+                report = encode(EVAL, sender="hostile-eval_flood", incarnation=inc, seq=seq, version=version,
+                                meta=eval_meta(version, [20.0] * 10, [20] * 10))
+                h.send(LEARNER_EVAL, report, sock)
                 yield 1
         finally:
             sock.close(linger=0)

@@ -16,7 +16,8 @@ from zmqrl.wire import (
     PROTOCOL_NAME,
     PROTOCOL_VERSION,
     STATS,
-    encode_eval,
+    encode,
+    eval_meta,
 )
 
 NAN = float("nan")
@@ -116,7 +117,8 @@ def bad_value_batches(rng: np.random.Generator) -> list[tuple[str, dict[str, np.
 
 def forged_eval_frames(inc: str, seq: int, version: int) -> list[bytes | memoryview]:
     """An evaluation report claiming CartPole's best return for ``version``, as the evaluator names itself."""
-    return encode_eval("evaluator", inc, seq, version, [CARTPOLE_MAX_RETURN] * 10, [500] * 10)
+    return encode(EVAL, sender="evaluator", incarnation=inc, seq=seq, version=version,
+                  meta=eval_meta(version, [CARTPOLE_MAX_RETURN] * 10, [500] * 10))
 
 
 def long_name(i: int) -> str:

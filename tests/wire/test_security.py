@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import zmq
 
-from batches import batch_frames, cartpole_batch
+from batches import batch_frames, cartpole_batch, recv_message
 from zmqrl import config
 from zmqrl.cli.app import build_parser
 from zmqrl.config import ConfigError, NetConfig
@@ -42,7 +42,6 @@ from zmqrl.wire import (
     encode_model,
     keygen,
     make_socket,
-    recv_message,
     send_frames,
 )
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
+from batches import recv_message
 from zmqrl.wire import (
     ALLOWED_DTYPES,
     BATCH,
@@ -39,14 +40,12 @@ from zmqrl.wire import (
     decode,
     drain_latest_model,
     encode,
-    encode_batch,
-    encode_eval,
     encode_model,
     encode_stats,
+    eval_meta,
     make_socket,
     new_incarnation,
     peek_header,
-    recv_message,
     send_frames,
 )
 
@@ -58,6 +57,7 @@ TIMEOUT_MS = 5000
 
 
 @pytest.fixture
+
 def ctx() -> Iterator[zmq.Context]:
     context = zmq.Context()
     yield context
@@ -172,7 +172,8 @@ def test_round_trip_model_stats_eval_hello() -> None:
     assert (stats.kind, stats.arrays, stats.version) == (STATS, {}, -1)
     assert stats.meta == {"forwarded": 10, "rate": 0.5}
 
-    ev = decode(encode_eval("evaluator", "E", 0, 12, [1.0, 2.5], [100, 200]))
+    ev = decode(encode(EVAL, sender="evaluator", incarnation="E", seq=0, version=12,
+                       meta=eval_meta(12, [1.0, 2.5], [100, 200])))
     assert ev.kind == EVAL and ev.version == 12
     assert ev.meta == {"version": 12, "returns": [1.0, 2.5], "lengths": [100, 200]}
 
@@ -416,7 +417,7 @@ def test_check_batch_rules() -> None:
         check_batch(decode(encode_stats("s", "i", 0, {})))
     assert info.value.reason == "kind"
     with pytest.raises(WireError) as info:
-        encode_batch("a", "i", 0, 0, {"a": np.zeros(3), "b": np.zeros(4)}, None)
+        check_batch(decode(encode_batch("a", "i", 0, 0, {"a": np.zeros(3), "b": np.zeros(4)}, None)))
     assert info.value.reason == "shape"
 
 
@@ -758,3 +759,9 @@ def test_model_subscriber_conflates_to_newest(ctx: zmq.Context) -> None:
 
     assert _wait_for(newest)
     assert len(seen) <= 3  # only the newest is kept, not a backlog of 200
+
+def encode_batch(sender: str, inc: str, seq: int, version: int, batch: dict[str, np.ndarray],
+                 episodes: dict[str, Any] | None) -> list[bytes | memoryview]:
+    """A BATCH as an actor's stats-free message: ``meta = {"episodes": episodes}`` if given."""
+    meta = {"episodes": dict(episodes)} if episodes is not None else {}
+    return encode(BATCH, sender=sender, incarnation=inc, seq=seq, version=version, arrays=batch, meta=meta)

@@ -1,7 +1,7 @@
 """The state of envs as plain data, for exact resumes.
 
 :func:`capture_vector` takes the state of a vector env as plain data (:func:`is_plain`: what
-:func:`zmqrl.run.checkpoint.write_tree` stores) and :func:`restore_vector` puts it back into a
+:func:`zmqrl.run.checkpoint.write_tree` stores) and :func:`plan_restore_vector` puts it back into a
 freshly made one. gymnasium has no state API and pickling an env rebuilds it from its constructor
 arguments, so each sub-env's wrapper chain is walked instead: attributes that are plain data,
 every ``numpy.random.Generator`` (its bit generator's state), the RNGs of spaces, enum members,
@@ -288,15 +288,9 @@ def capture_vector(vec: SyncVectorEnv) -> tuple[dict[str, Any], list[str]]:
     return {"class": type(vec).__name__, "attrs": attrs, "envs": envs}, missed
 
 
-def restore_vector(vec: SyncVectorEnv, saved: Any) -> None:
-    """Put a :func:`capture_vector` state into ``vec`` (made from the same env config);
-    ValueError naming the sub-env, wrapper and attribute that do not fit, before anything changes."""
-    for step in plan_restore_vector(vec, saved):
-        step()
-
-
 def plan_restore_vector(vec: SyncVectorEnv, saved: Any) -> list[Callable[[], None]]:
-    """The checks of :func:`restore_vector`; returns the steps that restore."""
+    """Check a :func:`capture_vector` state against ``vec`` (made from the same env config); returns the
+    steps that put it back, or raises ValueError naming the sub-env, wrapper and attribute that do not fit."""
     if not isinstance(saved, dict) or not isinstance(saved.get("envs"), list):
         raise ValueError("no vector env state")
     if len(saved["envs"]) != vec.num_envs:

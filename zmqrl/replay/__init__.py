@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from zmqrl.replay.files import read_stamp
 from zmqrl.replay.frames import FramePool
 from zmqrl.replay.prioritized import PRIORITY_CAP, PrioritizedReplay
 from zmqrl.replay.schema import Schema
@@ -15,7 +14,7 @@ from zmqrl.replay.sumtree import SumTree
 from zmqrl.replay.uniform import UniformReplay
 
 __all__ = ["PRIORITY_CAP", "FramePool", "PrioritizedReplay", "Schema", "SumTree", "UniformReplay",
-           "make_replay", "read_stamp"]
+           "make_replay"]
 
 
 def make_replay(capacity: int, prioritized: bool = False, seed: int | None = None, frame_stack: int = 0, *,

@@ -197,20 +197,6 @@ def _read_priorities(arrays: Mapping[str, np.ndarray], capacity: int, size: int)
     return leaves
 
 
-def read_stamp(path: str) -> dict[str, Any]:
-    """The stamp saved with a replay file (``{}`` if none); reads only that, not the items.
-
-    Raises ``ValueError`` naming ``path`` when the file is not a readable replay file.
-    """
-    try:
-        arrays = read_npz(path, only={STAMP_KEY, STATE_KEY})
-        if STATE_KEY not in arrays:
-            raise ValueError(f"no {STATE_KEY!r} array")
-        return decode_stamp(arrays.get(STAMP_KEY))
-    except FILE_ERRORS as exc:
-        raise ValueError(f"{path}: unreadable replay file: {describe_error(exc)}") from None
-
-
 # ---------------------------------------------------------------------- helpers
 
 

@@ -380,7 +380,7 @@ class UniformReplay:
         """Write all storage and state to a single ``.npz`` file at exactly ``path``.
 
         ``stamp`` is small JSON-serialisable metadata (e.g. the optimisation step of the
-        checkpoint the file belongs to), returned by ``load`` and by :func:`read_stamp`.
+        checkpoint the file belongs to), returned by ``load``.
         """
         save_replay(path, self._contents(), stamp)
 

@@ -12,7 +12,6 @@ from .batches import (
     batch_layout,
     check_batch,
     check_batch_spec,
-    encode_batch,
     encode_bundle,
     unbundle,
 )
@@ -20,7 +19,6 @@ from .codec import (
     decode,
     encode,
     encode_control,
-    encode_eval,
     encode_hello,
     encode_model,
     encode_stats,
@@ -74,7 +72,6 @@ from .sockets import (
     make_socket,
     new_incarnation,
     peer_key,
-    recv_message,
     send_frames,
 )
 from .tracking import KeyBinding, PeerTable, RateLimitedLog, SequenceTracker, VersionTracker
@@ -128,10 +125,8 @@ __all__ = [
     "drain_control",
     "drain_latest_model",
     "encode",
-    "encode_batch",
     "encode_bundle",
     "encode_control",
-    "encode_eval",
     "eval_meta",
     "encode_hello",
     "encode_model",
@@ -145,7 +140,6 @@ __all__ = [
     "peek",
     "peek_header",
     "peer_key",
-    "recv_message",
     "send_frames",
     "unbundle",
 ]

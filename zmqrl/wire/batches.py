@@ -51,20 +51,6 @@ def check_batch(msg: Message) -> int:
     return _batch_size(msg.arrays)
 
 
-def encode_batch(
-    sender: str,
-    incarnation: str,
-    seq: int,
-    version: int,
-    batch: Mapping[str, np.ndarray],
-    episodes: Mapping[str, Any] | None = None,
-) -> list[bytes | memoryview]:
-    """A BATCH of transitions (equal leading lengths); ``meta = {"episodes": episodes}`` if given."""
-    _batch_size(batch)
-    meta = {"episodes": dict(episodes)} if episodes is not None else {}
-    return encode(BATCH, sender=sender, incarnation=incarnation, seq=seq, version=version, arrays=batch, meta=meta)
-
-
 BatchSpec = Mapping[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, per-item shape)
 OPTIONAL_FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {"priority": (np.dtype(np.float32), ())}
 

@@ -20,7 +20,6 @@ from .protocol import (
     CONTROL,
     CONTROL_TOPIC,
     DEFAULT_LIMITS,
-    EVAL,
     HELLO,
     MAX_INCARNATION_CHARS,
     MAX_INT,
@@ -444,18 +443,3 @@ def eval_meta(version: int, returns: Sequence[float], lengths: Sequence[int],
     """The meta of an EVAL report: ``{"version", "returns", "lengths"}`` and ``extra``."""
     return {"version": version, "returns": [float(r) for r in returns], "lengths": [int(n) for n in lengths],
             **(extra or {})}
-
-
-def encode_eval(
-    sender: str,
-    incarnation: str,
-    seq: int,
-    version: int,
-    returns: Sequence[float],
-    lengths: Sequence[int],
-    extra: Mapping[str, Any] | None = None,
-) -> list[bytes | memoryview]:
-    """An EVAL report: meta :func:`eval_meta` (``extra`` as the evaluator fills it: the learner
-    incarnation of the model, the report's MAC)."""
-    return encode(EVAL, sender=sender, incarnation=incarnation, seq=seq, version=version,
-                  meta=eval_meta(version, returns, lengths, extra))

@@ -332,21 +332,6 @@ def peer_key(frames: Sequence[Any]) -> bytes | None:
     return user.encode() if isinstance(user, str) and user else None
 
 
-def recv_message(sock: zmq.Socket, limits: Limits = DEFAULT_LIMITS, timeout_ms: int | None = 0) -> Message | None:
-    """Wait up to ``timeout_ms`` (None: forever) for one message and decode it.
-
-    Returns None on timeout.  Raises :class:`WireError` for a bad message
-    (already consumed: the caller counts and carries on).
-    """
-    if not sock.poll(timeout_ms, zmq.POLLIN):
-        return None
-    try:
-        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-    except zmq.Again:
-        return None
-    return decode(frames, limits)
-
-
 def _drain(sock: zmq.Socket, kind: str, limits: Limits, max_messages: int,
            on_error: Callable[[WireError], None] | None) -> tuple[list[Message], int]:
     """Every queued message of ``kind`` (at most ``max_messages`` read, without blocking), in arrival
