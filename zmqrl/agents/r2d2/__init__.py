@@ -107,5 +107,18 @@ class R2D2(DiscreteQAlgorithm):
         at an item's end, finite and bounded states (:func:`~zmqrl.agents.r2d2.sequences.item_problem`)."""
         return item_problem(arrays, layout(cfg).burn_in)
 
+    def new_frames_per_item(self, cfg: Config) -> int:
+        """An episode's items start every ``P = sequence_length - overlap`` steps and each step brings one
+        new frame (a stack shares all but its newest with the step before), so an item brings about P."""
+        return layout(cfg).period
+
+    def env_steps_per_item(self, cfg: Config) -> int:
+        """An episode of ``E`` steps makes ``ceil(E / P)`` items: at most P env steps per item."""
+        return layout(cfg).period
+
+    def env_steps_held(self, cfg: Config) -> int:
+        """An env's steps not yet in a sent item: at most one item's ``T`` steps."""
+        return layout(cfg).steps
+
 
 ALGORITHM = R2D2()
