@@ -62,9 +62,13 @@ from zmqrl.config import Config, ConfigError
 
 
 def check_config(ac: R2D2Config) -> None:
-    """What the range checks of the config cannot say about R2D2's keys."""
+    """What the range checks of the config cannot say about R2D2's keys; its update has no captured
+    CUDA graph (the LSTM's burn-in and unroll run eager), so ``agent.compile: graph`` is refused."""
     if any(size <= 0 for size in ac.hidden):
         raise ConfigError(f"agent.hidden: layer sizes must be > 0, got {ac.hidden}")
+    if ac.compile == "graph":
+        raise ConfigError("agent.compile: graph is not available for agent.algo=r2d2 (its update has no captured "
+                          "CUDA graph); use auto or none, which run it eager")
 
 
 class R2D2(DiscreteQAlgorithm):
