@@ -27,6 +27,7 @@ from zmqrl.agents.r2d2.sequences import inverse_rescale as np_inverse_rescale
 from zmqrl.agents.r2d2.sequences import rescale as np_rescale
 from zmqrl.config import ConfigError
 from zmqrl.core import DefersUpdates, RecurrentPolicy
+from zmqrl.run.acting import make_task
 from zmqrl.run.adders import SequenceAdder
 
 pytestmark = pytest.mark.timeout(120)
@@ -97,6 +98,25 @@ def test_r2d2_needs_a_sequence_length_and_others_refuse_one() -> None:
     defaults = R2D2Config()
     assert (defaults.gamma, defaults.n_step, defaults.max_grad_norm, defaults.target_update_interval,
             defaults.rescale_eps, defaults.priority_eta, defaults.lstm_size) == (0.997, 5, 40.0, 2500, 1e-3, 0.9, 512)
+
+
+def test_compile_graph_is_refused_naming_the_key_and_the_agent_says_it_runs_eager(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cfg = small_cfg("agent.compile=graph", "run.device=auto")
+    with pytest.raises(ConfigError, match=r"agent\.compile: graph .*r2d2"):
+        make_task(cfg)
+    task = make_task(small_cfg("agent.compile=auto"))
+    with caplog.at_level("INFO", logger="zmqrl"):
+        task.agent()
+    assert "r2d2 updates run eager on cpu (agent.compile=auto" in caplog.text
+
+
+def test_sequence_items_stand_for_their_period_in_env_steps_and_new_frames() -> None:
+    task = make_task(small_cfg())  # burn-in 3, length 5, overlap 2: an item every 3 steps, 9 steps an item
+    assert (task.env_steps_per_item(), task.new_frames_per_item(), task.env_steps_held()) == (3, 3, 9)
+    assert task.replay_item == "sequence item"
+    dqn = make_task(config.load(None))
+    assert (dqn.env_steps_per_item(), dqn.new_frames_per_item(), dqn.replay_item) == (1, 1, "transition")
 
 
 def test_the_algorithm_entry_and_numpy_policy_do_not_import_torch() -> None:
