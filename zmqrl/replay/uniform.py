@@ -95,6 +95,12 @@ class UniformReplay:
         return self._pool.nbytes if self._pool is not None else 0
 
     @property
+    def frames_held(self) -> int:
+        """Distinct image frames held in the frame pool (0 without one): with each frame once, about the
+        new frames an item brings per item (one for a stacked transition, the period for a sequence)."""
+        return len(self._pool) if self._pool is not None else 0
+
+    @property
     def frame_keys(self) -> tuple[str, ...]:
         """Keys whose frames are stored once in the frame pool (empty when none are)."""
         return tuple(self._frame_refs)

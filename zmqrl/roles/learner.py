@@ -396,6 +396,7 @@ class Learner(RoleProcess):
         return {
             "role": "learner", "endpoints": self.endpoints, "replay_size": len(self.replay),
             "replay_item": self.task.replay_item,  # what replay_size, transitions_inserted and the limiter count
+            "replay_frames_per_item": round(getattr(self.replay, "frames_held", 0) / max(len(self.replay), 1), 3),
             "transitions_inserted": self.limiter.inserted,
             "transitions_inserted_per_s": self.limiter.inserted / max(self.book.wall_s, 1e-9),
             "samples_per_insert": self.samples_per_insert(),
