@@ -497,3 +497,30 @@ def test_nature_cnn_network_over_frames() -> None:
     assert priorities.shape == (len(batch["mask"]),) and np.isfinite(priorities).all() and metrics["skipped"] == 0
     with pytest.raises(ConfigError, match="nature_cnn"):
         algo.check_spaces(cfg, OBS, ACT)
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_uniform_and_prioritized_replay_hold_sequence_items_through_one_interface(prioritized: bool) -> None:
+    """The replay the learner builds from the run's batch spec stores items as sent, samples whole items
+    with weights, and takes the update's per-item priorities back."""
+    from zmqrl.replay import make_replay
+
+    cfg = small_cfg(f"replay.prioritized={str(prioritized).lower()}", "replay.capacity=500")
+    agent = R2D2Agent(cfg.agent, LAYOUT, OBS, ACT, seed=3)  # type: ignore[arg-type]
+    items = make_items(agent, 0.9, seed=3)
+    items.pop("weights")
+    spec = algorithm("r2d2").batch_spec(cfg, OBS, ACT)
+    replay = make_replay(500, prioritized, seed=0, schema=spec)
+    replay.add(items, priorities=np.linspace(0.1, 2.0, len(items["mask"])))
+    for key, value in replay.get(np.arange(len(items["mask"]))).items():
+        np.testing.assert_array_equal(value, items[key], err_msg=key)
+    batch = replay.sample(8)
+    assert batch["obs"].shape == (8, LAYOUT.steps, 3) and batch["weights"].shape == (8,)
+    _, priorities = agent.update(batch)
+    assert priorities is not None and priorities.shape == (8,)
+    replay.update_priorities(batch["indices"], priorities)
+    if prioritized:  # each sampled item's leaf is its new priority (the last one written where drawn twice)
+        last = {int(i): float(p) for i, p in zip(batch["indices"], priorities, strict=True)}
+        leaves = replay.tree.get(np.array(list(last)))  # type: ignore[attr-defined]
+        want = (np.array(list(last.values())) + cfg.replay.priority_eps) ** cfg.replay.alpha
+        np.testing.assert_allclose(leaves, want, rtol=1e-5)
