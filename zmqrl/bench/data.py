@@ -3,7 +3,8 @@
 :func:`transition_pool` steps the configured env under a uniform random policy through the n-step
 builder (what an actor's acting loop builds, without a policy); :func:`pong_transitions` runs a
 config's own acting loop (its policy, n-step and initial priorities) and returns what its actor
-would send. The bench groups measure with these, and the tests take their real data from here.
+would send; :func:`acted_items` the items of any config's acting loop (a recurrent policy's
+sequence items too). The bench groups measure with these, and the tests take their real data from here.
 """
 
 from __future__ import annotations
@@ -49,6 +50,25 @@ def transition_pool(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]
     finally:
         stepper.close()
     return {k: np.ascontiguousarray(np.concatenate([p[k] for p in parts])[:n]) for k in TRANSITION_KEYS}
+
+
+def acted_items(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``n`` items of a config's acting loop (its policy acting for actor 0, numpy where it can), as its
+    actor builds them: n-step transitions, or a recurrent policy's sequence items; without priorities."""
+    from zmqrl.run.acting import ActingLoop, make_task
+
+    task = make_task(cfg)
+    loop = ActingLoop(cfg, task.policy(seed, backend=cfg.actor.backend), task.exploration(0), seed)
+    parts, got = [], 0
+    try:
+        while got < n:
+            acted = loop.step()
+            if acted.transitions is not None:
+                parts.append(acted.transitions)
+                got += len(acted.transitions["reward"])
+    finally:
+        loop.close()
+    return {k: np.ascontiguousarray(np.concatenate([p[k] for p in parts])[:n]) for k in parts[0]}
 
 
 def pong_transitions(n: int, seed: int = 1, config: str | Path = CONFIGS / "pong_dqn.yaml"
