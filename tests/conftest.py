@@ -15,6 +15,22 @@ from zmqrl.config import Config
 
 torch.set_num_threads(1)
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--allseeds", action="store_true",
+                     help="also run the extra seeds (and controls) of learning goals, the tests marked allseeds "
+                          "(nightly runs; also run when -m names allseeds)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``allseeds`` run only when asked for: one seed of a learning goal is CI's, all are nightly's."""
+    if config.getoption("--allseeds") or "allseeds" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="an extra seed (or control) of a learning goal: run with --allseeds")
+    for item in items:
+        if "allseeds" in item.keywords:
+            item.add_marker(skip)
+
 REPO = Path(__file__).resolve().parent.parent
 CARTPOLE_YAML = REPO / "configs" / "cartpole_dqn.yaml"
 
