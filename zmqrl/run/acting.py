@@ -185,8 +185,7 @@ class ActingLoop:
         if self.recurrent is not None:
             transitions = self._sequences(step)
         elif self.reuse is None:
-            assert isinstance(self.adder, NStepBuilder)
-            transitions = self.adder.push(step.obs, step.action, step.reward, step.next_obs,
+            transitions = self.nstep.push(step.obs, step.action, step.reward, step.next_obs,
                                           step.terminated, step.truncated, valid=step.valid, env_ids=step.env_ids)
         else:
             transitions = self._prioritised(step, self.reuse.acted_values(), acted)
