@@ -52,13 +52,15 @@ def transition_pool(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]
     return {k: np.ascontiguousarray(np.concatenate([p[k] for p in parts])[:n]) for k in TRANSITION_KEYS}
 
 
-def acted_items(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """``n`` items of a config's acting loop (its policy acting for actor 0, numpy where it can), as its
-    actor builds them: n-step transitions, or a recurrent policy's sequence items; without priorities."""
+def acted_items(cfg: Config, n: int, seed: int = 0, priorities: bool = False) -> dict[str, np.ndarray]:
+    """``n`` items of a config's acting loop (its policy acting for actor 0, on ``actor.backend``), in the order
+    an actor batches them: n-step transitions (with ``priorities``, their initial ones where the loop makes
+    them), or a recurrent policy's sequence items."""
     from zmqrl.run.acting import ActingLoop, make_task
 
     task = make_task(cfg)
-    loop = ActingLoop(cfg, task.policy(seed, backend=cfg.actor.backend), task.exploration(0), seed)
+    loop = ActingLoop(cfg, task.policy(seed, backend=cfg.actor.backend), task.exploration(0), seed,
+                      priorities=priorities)
     parts, got = [], 0
     try:
         while got < n:
@@ -76,18 +78,7 @@ def pong_transitions(n: int, seed: int = 1, config: str | Path = CONFIGS / "pong
     """The run's batch spec and ``n`` transitions of a config's actor (the shipped Pong config unless
     given): its acting loop, with n-step and initial priorities, in the order an actor batches them."""
     from zmqrl.config import load
-    from zmqrl.run.acting import ActingLoop, make_task
+    from zmqrl.run.acting import make_task
 
     cfg = load(config, [])
-    task = make_task(cfg)
-    loop = ActingLoop(cfg, task.policy(seed, backend=cfg.actor.backend), task.exploration(0), seed, priorities=True)
-    parts, got = [], 0
-    try:
-        while got < n:
-            acted = loop.step()
-            if acted.transitions is not None:
-                parts.append(acted.transitions)
-                got += len(acted.transitions["reward"])
-    finally:
-        loop.close()
-    return dict(task.batch_spec()), {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
+    return dict(make_task(cfg).batch_spec()), acted_items(cfg, n, seed, priorities=True)
