@@ -10,10 +10,10 @@ with the learner.
 A run stopped by SIGINT/SIGTERM finishes its optimisation step, writes ``checkpoints/latest``
 and exits; ``--resume`` continues it exactly (the same parameters as a run never stopped) when
 ``trainer.checkpoint_replay`` is on: every checkpoint holds the agent with its RNGs, the envs'
-state, the adder's pending steps (and a recurrent policy's states) and this loop's counters, and ``latest`` the replay
-contents with their sampling RNG. Without the replay contents, or for an env whose state cannot
-be captured whole, the resume is not exact and the log says so and why. The checkpoint is read
-and checked before anything in the run directory is written.
+state, the adder's pending steps (and a recurrent policy's states) and this loop's counters, and
+``latest`` the replay contents with their sampling RNG. Without the replay contents, or for an env
+whose state cannot be captured whole, the resume is not exact and the log says so and why. The
+checkpoint is read and checked before anything in the run directory is written.
 """
 
 from __future__ import annotations
