@@ -19,6 +19,7 @@ from zmqrl.config import Config
 
 torch.set_num_threads(1)
 
+
 REPO = Path(__file__).resolve().parent.parent
 CARTPOLE_YAML = REPO / "configs" / "cartpole_dqn.yaml"
 
@@ -32,13 +33,14 @@ SHARED = {"multihost": "netns", "slurm": "slurm"}  # marks of tests that share o
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without ``--all-seeds`` the extra seeds of learning tests (``tiers.seeds``) are deselected; the tests
+    """Without ``--all-seeds`` (or ``-m`` naming ``allseeds``) the extra seeds and controls of learning tests
+    (``tiers.seeds``, the ``allseeds`` mark) are deselected; the tests
     of one shared resource run on one worker (``-n 2 --dist loadgroup``, the default)."""
     for item in items:
         for mark, group in SHARED.items():
             if item.get_closest_marker(mark) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
-    if config.getoption("--all-seeds"):
+    if config.getoption("--all-seeds") or "allseeds" in (config.getoption("markexpr") or ""):
         return
     extra = [item for item in items if item.get_closest_marker("allseeds") is not None]
     if extra:

@@ -27,6 +27,7 @@ from zmqrl.agents.r2d2.sequences import inverse_rescale as np_inverse_rescale
 from zmqrl.agents.r2d2.sequences import rescale as np_rescale
 from zmqrl.config import ConfigError
 from zmqrl.core import DefersUpdates, RecurrentPolicy
+from zmqrl.run.acting import make_task
 from zmqrl.run.adders import SequenceAdder
 
 pytestmark = pytest.mark.timeout(120)
@@ -97,6 +98,25 @@ def test_r2d2_needs_a_sequence_length_and_others_refuse_one() -> None:
     defaults = R2D2Config()
     assert (defaults.gamma, defaults.n_step, defaults.max_grad_norm, defaults.target_update_interval,
             defaults.rescale_eps, defaults.priority_eta, defaults.lstm_size) == (0.997, 5, 40.0, 2500, 1e-3, 0.9, 512)
+
+
+def test_compile_graph_is_refused_naming_the_key_and_the_agent_says_it_runs_eager(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cfg = small_cfg("agent.compile=graph", "run.device=auto")
+    with pytest.raises(ConfigError, match=r"agent\.compile: graph .*r2d2"):
+        make_task(cfg)
+    task = make_task(small_cfg("agent.compile=auto"))
+    with caplog.at_level("INFO", logger="zmqrl"):
+        task.agent()
+    assert "r2d2 updates run eager on cpu (agent.compile=auto" in caplog.text
+
+
+def test_sequence_items_stand_for_their_period_in_env_steps_and_new_frames() -> None:
+    task = make_task(small_cfg())  # burn-in 3, length 5, overlap 2: an item every 3 steps, 9 steps an item
+    assert (task.env_steps_per_item(), task.new_frames_per_item(), task.env_steps_held()) == (3, 3, 9)
+    assert task.replay_item == "sequence item"
+    dqn = make_task(config.load(None))
+    assert (dqn.env_steps_per_item(), dqn.new_frames_per_item(), dqn.replay_item) == (1, 1, "transition")
 
 
 @pytest.mark.slow
@@ -478,3 +498,30 @@ def test_nature_cnn_network_over_frames() -> None:
     assert priorities.shape == (len(batch["mask"]),) and np.isfinite(priorities).all() and metrics["skipped"] == 0
     with pytest.raises(ConfigError, match="nature_cnn"):
         algo.check_spaces(cfg, OBS, ACT)
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_uniform_and_prioritized_replay_hold_sequence_items_through_one_interface(prioritized: bool) -> None:
+    """The replay the learner builds from the run's batch spec stores items as sent, samples whole items
+    with weights, and takes the update's per-item priorities back."""
+    from zmqrl.replay import make_replay
+
+    cfg = small_cfg(f"replay.prioritized={str(prioritized).lower()}", "replay.capacity=500")
+    agent = R2D2Agent(cfg.agent, LAYOUT, OBS, ACT, seed=3)  # type: ignore[arg-type]
+    items = make_items(agent, 0.9, seed=3)
+    items.pop("weights")
+    spec = algorithm("r2d2").batch_spec(cfg, OBS, ACT)
+    replay = make_replay(500, prioritized, seed=0, schema=spec)
+    replay.add(items, priorities=np.linspace(0.1, 2.0, len(items["mask"])))
+    for key, value in replay.get(np.arange(len(items["mask"]))).items():
+        np.testing.assert_array_equal(value, items[key], err_msg=key)
+    batch = replay.sample(8)
+    assert batch["obs"].shape == (8, LAYOUT.steps, 3) and batch["weights"].shape == (8,)
+    _, priorities = agent.update(batch)
+    assert priorities is not None and priorities.shape == (8,)
+    replay.update_priorities(batch["indices"], priorities)
+    if prioritized:  # each sampled item's leaf is its new priority (the last one written where drawn twice)
+        last = {int(i): float(p) for i, p in zip(batch["indices"], priorities, strict=True)}
+        leaves = replay.tree.get(np.array(list(last)))  # type: ignore[attr-defined]
+        want = (np.array(list(last.values())) + cfg.replay.priority_eps) ** cfg.replay.alpha
+        np.testing.assert_allclose(leaves, want, rtol=1e-5)

@@ -394,6 +394,8 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
                 "transport_atari_64_direct", "transport_proxy_cpu_paced", "learner_opt_steps",
                 "learner_opt_steps_pong", "learner_intake_pong", "learner_bytes_throttled",
                 "learner_update_cartpole_dqn", "learner_update_pendulum_sac",
+                "actor_cartpole_pomdp_dqn", "actor_cartpole_pomdp_r2d2", "actor_r2d2_vs_dqn_pomdp",
+                "learner_update_r2d2_pomdp", "learner_items_r2d2_pomdp",
                 "broadcast_1mb", "broadcast_10mb", "startup_s",
                 "scaling_1_actors", "scaling_halfcheetah_sac_local_vs_bare", "solve_cartpole_dqn_local_vs_train",
                 "solve_pendulum_sac_local_vs_train", "solve_cartpole_dqn_env_steps_local_vs_train",
@@ -423,11 +425,20 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
         assert by_name[name]["goal"] is not None and by_name[name]["met"] is not None, by_name[name]
     update = by_name["learner_update_cartpole_dqn"]  # written-out vs autograd update, each window's pair listed
     assert update["goal"] is None and len(re.findall(r"\d+/\d+", update["note"].split("windows:")[1])) == 2, update
-    for name in ("actor_cartpole_dqn", "actor_pendulum_sac", "actor_pong_dqn"):  # the sink counts what the actor sent
+    for name in ("actor_cartpole_dqn", "actor_pendulum_sac", "actor_pong_dqn", "actor_cartpole_pomdp_r2d2"):
+        # the sink counts what the actor sent
         found = re.search(r"sink got (\d+)/(\d+) batches", by_name[name]["note"])
         assert found is not None, by_name[name]["note"]
         got, sent = map(int, found.groups())
         assert 0.9 * sent <= got <= sent and sent > 0, by_name[name]["note"]  # (small batches come packed)
+    pair = by_name["actor_r2d2_vs_dqn_pomdp"]  # R2D2's actor against DQN's: the two actor rows' figures
+    assert (pair["measured"], pair["baseline"]) == (by_name["actor_cartpole_pomdp_r2d2"]["measured"],
+                                                    by_name["actor_cartpole_pomdp_dqn"]["measured"]), pair
+    assert "NumpyR2D2Policy" in by_name["actor_cartpole_pomdp_r2d2"]["note"]
+    items = by_name["learner_items_r2d2_pomdp"]  # steps/s times the batch sizes (32 sequence items, 64 transitions)
+    steps = by_name["learner_update_r2d2_pomdp"]
+    assert items["measured"] == pytest.approx(32 * steps["measured"], rel=1e-3)
+    assert items["baseline"] == pytest.approx(64 * steps["baseline"], rel=1e-3)
     assert elapsed < 450, f"the smoke run took {elapsed:.0f}s"  # ~70 s on 2 idle cores, ~150 s shared
 
 

@@ -25,6 +25,7 @@ import zmq
 from batches import batch_frames, cartpole_batch
 from procs import Procs, wait_for
 from zmqrl import config
+from zmqrl.bench.data import acted_items
 from zmqrl.config import Config
 from zmqrl.replay import make_replay
 from zmqrl.roles.addresses import free_port
@@ -34,6 +35,7 @@ from zmqrl.roles.intake import Arrived
 from zmqrl.roles.learner import Learner
 from zmqrl.roles.net import PROXY_QUEUE
 from zmqrl.run.acting import make_task
+from zmqrl.run.adders import SequenceAdder
 from zmqrl.run.bookkeeping import EVAL_HISTORY, Bookkeeper
 from zmqrl.run.rundir import read_json
 from zmqrl.run.startup import make_replay_from
@@ -609,6 +611,174 @@ def test_hostile_compact_batches_are_refused_by_reason_and_honest_ones_after_the
         assert len(learner.replay) == n * len(hostile) and learner.intake.receiver.compact_batches == len(hostile)
         summary = learner.summary_extra()
         assert summary["messages"]["rejected"]["compress"] == 2 and summary["wire"]["compact_batches"] == len(hostile)
+    finally:
+        push.close(linger=0)
+        learner.close()
+
+
+# ------------------------------------------------------------------------- sequence items (recurrent agents)
+
+POMDP_R2D2 = REPO / "configs" / "cartpole_pomdp_r2d2.yaml"
+
+
+def honest_sequences(cfg: Config, batches: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Batches of ``actor.n_buffer`` sequence items as an actor makes them (the acting loop, the numpy
+    policy's states, its initial priorities)."""
+    n = cfg.actor.n_buffer
+    items = acted_items(cfg, batches * n, seed)
+    policy = make_task(cfg).policy(seed, backend="numpy")  # (the policy that acted: its parameters of the seed)
+    out = [{k: v[i * n:(i + 1) * n] for k, v in items.items()} for i in range(batches)]
+    for batch in out:
+        batch["priority"] = policy.priorities(batch)
+    return out
+
+
+def spoiled(batch: dict[str, np.ndarray], key: str, change: Any) -> dict[str, np.ndarray]:
+    """``batch`` with a copy of ``key`` changed by ``change(array)`` (in place on the copy), or replaced by it."""
+    out = {k: v.copy() for k, v in batch.items()}
+    if callable(change):
+        change(out[key])
+    else:
+        out[key] = change
+    return out
+
+
+def test_hostile_sequence_batches_are_refused_by_reason_and_store_nothing(
+        tmp_path: Path, zctx: zmq.Context) -> None:
+    """Sequence items whose masks, states, terminations or lengths a peer made up: each refused by reason
+    (the value limits, R2D2's meaning check, the run's batch spec), nothing of it in replay; the honest
+    batch after each goes in, and the env steps counted are the honest actor's (up to the period per item)."""
+    cfg = config.load(POMDP_R2D2, ["run.log_level=warning", "trainer.warmup=100000", "actor.n_buffer=16"])
+    burn, steps, size = cfg.replay.burn_in, cfg.replay.burn_in + cfg.replay.sequence_length + 1, cfg.agent.lstm_size
+    honest = honest_sequences(cfg, 13, seed=5)
+    base = honest[0]
+    zero_start = int(np.flatnonzero(base["mask"][:, 0] == 0)[0])  # an item that starts before its episode
+    going = int(np.flatnonzero(base["mask"][:, -1] == 1)[0])  # an item whose every step is real
+
+    def half_mask(m: np.ndarray) -> None:
+        m[going, -3] = 0.5
+
+    def holed_mask(m: np.ndarray) -> None:
+        m[going, burn + 3] = 0.0
+
+    def padded_first_trained(m: np.ndarray) -> None:
+        m[going, : burn + 1] = 0.0
+
+    def early_end(d: np.ndarray) -> None:
+        d[going, burn + 2] = 0.0
+
+    def state_not_zero(h: np.ndarray) -> None:
+        h[zero_start] = 0.25
+
+    def nan_state(h: np.ndarray) -> None:
+        h[going, 0] = np.nan
+
+    def big_h(h: np.ndarray) -> None:
+        h[going, 1] = 1.5
+
+    def huge_c(c: np.ndarray) -> None:
+        c[going, 2] = 1e9
+
+    def far_action(a: np.ndarray) -> None:
+        a[going, 4] = 2
+
+    n = len(base["mask"])
+    hostile: list[tuple[str, dict[str, np.ndarray]]] = [
+        ("values", spoiled(base, "mask", half_mask)),
+        ("values", spoiled(base, "mask", holed_mask)),
+        ("values", spoiled(base, "mask", padded_first_trained)),
+        ("values", spoiled(base, "discount", early_end)),
+        ("values", spoiled(base, "state_h", state_not_zero)),
+        ("values", spoiled(base, "state_h", nan_state)),
+        ("values", spoiled(base, "state_h", big_h)),
+        ("values", spoiled(base, "state_c", huge_c)),
+        ("values", spoiled(base, "action", far_action)),
+        ("schema", spoiled(base, "obs", base["obs"][:, 1:])),  # a step short
+        ("schema", spoiled(base, "mask", np.ones((n, steps + 1), np.float32))),
+        ("schema", spoiled(base, "state_c", np.zeros((n, size + 1), np.float32))),
+    ]
+    learner = in_process_learner(cfg, tmp_path / "run")
+    push = push_to(zctx, learner.endpoints["data"])
+    period = cfg.replay.sequence_length - cfg.replay.overlap
+    try:
+        for i, (_, bad) in enumerate(hostile):
+            push.send_multipart(batch_frames(f"rogue-{i}", 0, bad, {"stats": {"env_steps": 10**9}}))
+            claimed = {"stats": {"env_steps": n * period * (i + 1)}}
+            push.send_multipart(batch_frames("actor-0", i, honest[i + 1], claimed))
+        ingest_until(learner, lambda: learner.batches == len(hostile))
+        counts = learner.intake.receiver.rejected
+        assert dict(counts) == {"values": 9, "schema": 3}, counts
+        assert len(learner.replay) == n * len(hostile) and learner.writer.rejected == 0
+        stored = learner.replay.get(np.arange(len(learner.replay)))
+        sent = {k: np.concatenate([b[k] for b in honest[1:len(hostile) + 1]]) for k in stored}
+        for key in stored:
+            np.testing.assert_array_equal(stored[key], sent[key], err_msg=key)
+        assert learner.book.env_steps == n * period * len(hostile)  # the honest claims, all within the cap
+        summary = learner.summary_extra()
+        assert summary["replay_item"] == "sequence item" and summary["messages"]["rejected"]["values"] == 9
+    finally:
+        push.close(linger=0)
+        learner.close()
+
+
+def stacked_sequences(video: np.ndarray, length: int, burn_in: int, seq: int, overlap: int, stack: int,
+                      ) -> dict[str, np.ndarray]:
+    """The sequence items of one episode of ``length`` steps whose step ``t`` observes the stack of ``video``
+    frames ``t .. t + stack - 1`` (so it ends terminated), from the zero state."""
+    adder = SequenceAdder(1, burn_in, seq, overlap, 0.99)
+    parts = []
+    for t in range(length):
+        obs = video[t:t + stack][None]
+        out = adder.push(obs, np.zeros(1, np.int64), np.zeros(1, np.float32), np.array([t == length - 1]),
+                         np.zeros(1, bool), np.zeros((1, 2, 32), np.float32))
+        if out is not None:
+            parts.append(out)
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def test_image_sequences_keep_each_frame_once_and_frames_that_share_nothing_are_refused(
+        tmp_path: Path, zctx: zmq.Context) -> None:
+    """Pong-shaped sequence items (T steps of 4-frame stacks) sent with their frames once: replay holds about
+    the new frames per item (the period), not T x 4; the stored items are the ones sent; a peer whose items'
+    frames share nothing, and one whose indices point outside its frames, are refused."""
+    from zmqrl.wire.compact import FrameCompactor
+
+    burn, seq, overlap, stack = 4, 8, 4, 4
+    period, steps = seq - overlap, burn + seq + 1
+    cfg = config.load(REPO / "configs" / "pong_r2d2.yaml", [
+        "run.log_level=warning", "run.device=cpu", "trainer.warmup=100000", f"replay.burn_in={burn}",
+        f"replay.sequence_length={seq}", f"replay.overlap={overlap}", "replay.capacity=3000", "agent.lstm_size=32",
+        "agent.hidden=[32]", "agent.head_hidden=0", "agent.batch_size=8", "actor.n_buffer=8"])
+    learner = in_process_learner(cfg, tmp_path / "run")
+    push = push_to(zctx, learner.endpoints["data"])
+    rng = np.random.default_rng(0)
+    compactor = FrameCompactor(("obs",))
+    episodes, length = 6, 60
+    sent: list[dict[str, np.ndarray]] = []
+    try:
+        for e in range(episodes):
+            video = rng.integers(0, 2, (length + stack, 84, 84), dtype=np.uint8) * 255
+            items = stacked_sequences(video, length, burn, seq, overlap, stack)
+            arrays, _ = compactor.compact(items)
+            assert "frames" in arrays and arrays["obs_frames"].shape == (len(items["mask"]), steps, stack)
+            push.send_multipart(batch_frames("actor-0", e, arrays, {"stats": {"env_steps": length * (e + 1)}}))
+            sent.append(items)
+        noise = {**sent[0], "obs": rng.integers(0, 255, sent[0]["obs"].shape, dtype=np.uint8)}
+        noisy, _ = FrameCompactor(("obs",)).compact(noise)  # (frames that share nothing go as stacks)
+        far = {**arrays, "obs_frames": np.full_like(arrays["obs_frames"], len(arrays["frames"]))}
+        push.send_multipart(batch_frames("rogue-a", 0, noisy, {"stats": {"env_steps": 1}}))
+        push.send_multipart(batch_frames("rogue-b", 0, far, {"stats": {"env_steps": 1}}))
+        ingest_until(learner, lambda: learner.batches + learner.writer.rejected_frames == episodes + 1)
+        items = sum(len(s["mask"]) for s in sent)
+        assert len(learner.replay) == items and learner.intake.receiver.compact_batches == episodes
+        assert learner.writer.rejected_frames == 1 and dict(learner.intake.receiver.rejected) == {"compact": 1}
+        stored = learner.replay.get(np.arange(items))
+        np.testing.assert_array_equal(stored["obs"], np.concatenate([s["obs"] for s in sent]))
+        # each episode: its length + stack - 1 frames, plus one zero frame of padding for all
+        assert learner.replay.frames_held == episodes * (length + stack - 1) + 1
+        per_item = learner.replay.frames_held / len(learner.replay)
+        assert period <= per_item < 1.1 * period, per_item  # stacks as given: steps * stack = 52 frames an item
+        assert learner.summary_extra()["replay_frames_per_item"] == pytest.approx(per_item, abs=1e-3)
     finally:
         push.close(linger=0)
         learner.close()

@@ -37,6 +37,9 @@ ALGOS = {  # config file and overrides that keep each run to seconds
     "dqn": ("cartpole_dqn.yaml", ["env.max_episode_steps=200"]),
     "sac": ("pendulum_sac.yaml", ["agent.hidden=[64,64]", "agent.batch_size=64", "agent.random_steps=100",
                                   "run.torch_threads=1"]),
+    # a recurrent policy: its states per env and the sequence adder's pending steps are saved too
+    "r2d2": ("cartpole_pomdp_r2d2.yaml",
+             ["env.max_episode_steps=200", "agent.batch_size=16", "trainer.opt_interval=2"]),
 }
 
 

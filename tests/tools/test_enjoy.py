@@ -128,3 +128,34 @@ def test_video_writes_an_mp4_per_episode(run: Path, tmp_path: Path, capsys: pyte
         data = f.read_bytes()
         assert data[4:8] == b"ftyp" and len(data) > 1000  # an MP4 container with frames in it
         assert f"video: {f}" in out
+
+
+@pytest.fixture(scope="module")
+def recurrent_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("enjoy-r2d2") / "run"
+    train(config.load(REPO / "configs" / "cartpole_pomdp_r2d2.yaml",
+                      ["trainer.max_opts=150", "trainer.warmup=64", "trainer.eval_interval=150",
+                       "trainer.save_interval=150", "trainer.eval_episodes=4", "trainer.stop_return=null",
+                       "trainer.opt_interval=2", "env.max_episode_steps=200", "run.seed=2"]), path)
+    return path
+
+
+def test_a_recurrent_policy_plays_the_evaluation_training_made_with_either_backend(recurrent_run: Path) -> None:
+    """R2D2's greedy play keeps its LSTM state through each episode, from the initial state at its start, as
+    the evaluator did: checkpoint 150 with the evaluation's seeds gives the evaluation's returns."""
+    first = json.loads((recurrent_run / "summary.json").read_text())["evals"][0]
+    assert first["opt_steps"] == 150
+    for backend in ("numpy", "torch"):
+        policy = load_policy(recurrent_run, checkpoint=150, backend=backend)
+        played = policy.play(episodes=first["episodes"], seed=2 + 1_000_000)
+        assert np.mean(played.returns) == pytest.approx(first["return_mean"]), backend
+        assert np.std(played.returns) == pytest.approx(first["return_std"]), backend
+    policy = load_policy(recurrent_run, checkpoint=150)
+    with pytest.raises(TypeError, match="recurrent"):
+        policy.policy.greedy(np.zeros((1, 2), np.float32))
+    obs = np.array([[0.01, 0.02], [0.0, -0.03]], np.float32)
+    policy.reset()
+    start = policy.act(obs)
+    policy.act(obs)
+    policy.reset()
+    assert np.array_equal(policy.act(obs), start)  # from the initial state again

@@ -20,7 +20,10 @@ What an algorithm provides:
 - :meth:`Algorithm.batch_spec`: the arrays of a transition batch, so a learner rejects a batch
   that does not fit before it reaches replay;
 - :meth:`Algorithm.value_limits` and :meth:`Algorithm.batch_problem`: what the values of such a
-  batch may be, checked by the learner's intake before anything is stored.
+  batch may be, checked by the learner's intake before anything is stored;
+- :meth:`Algorithm.new_frames_per_item`, :meth:`Algorithm.env_steps_per_item` and
+  :meth:`Algorithm.env_steps_held`: what an honest sender's items bring (new image frames) and stand
+  for (env steps), the learner's bounds on what a sender may claim.
 """
 
 from __future__ import annotations
@@ -191,6 +194,16 @@ class Algorithm:
         n-step transition of stacked frames. The learner lets each sender's items take at most
         twice this many new frames in replay (a sender whose frames share nothing is refused)."""
         return 1
+
+    def env_steps_per_item(self, cfg: Config) -> int:
+        """Env steps an honest sender's items stand for, at most, on average: one per n-step transition.
+        The learner counts no more of a sender's reported env steps than this many per item it sent,
+        plus what its buffers may hold (:meth:`env_steps_held`)."""
+        return 1
+
+    def env_steps_held(self, cfg: Config) -> int:
+        """Env steps one acting env may have taken that no item it sent covers yet: the n-step window."""
+        return int(cfg.agent.n_step)
 
 
 def check_discrete_spaces(cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,

@@ -1,4 +1,6 @@
-"""Actor group: env steps/s of the real actor (sending, taking models) vs its bare acting loop, per config."""
+"""Actor group: env steps/s of the real actor (sending, taking models) vs its bare acting loop, per config;
+and on CartPole without velocities, the real actor with R2D2's numpy LSTM policy (a state per env,
+sequence items, their priorities per batch) against DQN's on the same env."""
 
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import read_json
 from zmqrl.wire import BATCH, SocketOptions, encode_model, make_socket, peek_header, send_frames
 
-CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml", "pong_dqn.yaml")
+CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml", "pong_dqn.yaml", "cartpole_pomdp_dqn.yaml",
+           "cartpole_pomdp_r2d2.yaml")
+RECURRENT = ("cartpole_pomdp_r2d2", "cartpole_pomdp_dqn")  # (recurrent, feed-forward) run names on one env
 MODEL_INTERVAL_S = 0.1  # a new model version this often, as a learner with a short sync interval sends them
 # A 6.7 MB Nature CNN every second: a GPU learner at ~100 updates/s and sync_interval 100.
 MODEL_INTERVALS_S = {"pong_dqn.yaml": 1.0}
@@ -90,7 +94,7 @@ def models(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
 
 
 def _bare_loop(actor: Any, seconds: float) -> float:
-    """Env steps/s of the actor's own acting loop (vector env, policy, n-step builder): no sockets, no batching."""
+    """Env steps/s of the actor's own acting loop (vector env, policy, its adder): no sockets, no batching."""
     loop = actor.loop
     n, calls, start = 0, 0, time.perf_counter()
     deadline = start + seconds
@@ -160,12 +164,27 @@ def measure(c: Context, path: Path) -> Row:
     note = (f"{path.name}: Actor.run ({type(actor.policy).__name__}) PUSHing to a sink process, a new model every "
             f"{interval:g} s from another process ({actor.stats.model_updates} applied), priorities "
             f"{'computed' if actor.priorities else 'not computed'}, {cfg.env.num_envs} env(s), n_buffer "
-            f"{cfg.actor.n_buffer}; baseline: the same ActingLoop (envs + policy.act + n-step builder) without "
-            f"sockets; sink got {got}/{sent} batches; figures = medians of {s.actor_reps} alternated windows of "
-            f"{s.actor_s:g} s (each window's ratio, not judged: {pairs})")
+            f"{cfg.actor.n_buffer}; baseline: the same ActingLoop (envs + policy + "
+            f"{type(actor.loop.adder).__name__}) without sockets; sink got {got}/{sent} batches; figures = medians "
+            f"of {s.actor_reps} alternated windows of {s.actor_s:g} s (each window's ratio, not judged: {pairs})")
     return make_row(f"actor_{tag}", measured, baseline, "env steps/s", note, (">=", 0.9))
 
 
+def recurrent_row(c: Context) -> Row | None:
+    """The real actor of R2D2's POMDP config against DQN's on the same env (both measured above), or None
+    where this run measured only one of them."""
+    recurrent, feed_forward = (c.measured.get(f"actor_rate_{tag}") for tag in RECURRENT)
+    if recurrent is None or feed_forward is None:
+        return None
+    note = (f"Actor.run env steps/s with R2D2's numpy MLP + LSTM policy (configs/{RECURRENT[0]}.yaml: a state per "
+            f"env, sequence items, their initial priorities one pass per batch) vs DQN's numpy MLP "
+            f"(configs/{RECURRENT[1]}.yaml) on the same CartPole without velocities, each its config's envs and "
+            "n_buffer: the rows actor_" + " and actor_".join(RECURRENT))
+    return make_row("actor_r2d2_vs_dqn_pomdp", recurrent, feed_forward, "env steps/s", note)
+
+
 def run(c: Context) -> list[Row]:
-    return [measure(c, path) for path in c.configs(*CONFIGS)]
+    rows = [measure(c, path) for path in c.configs(*CONFIGS)]
+    pair = recurrent_row(c)
+    return rows + ([pair] if pair is not None else [])
 

@@ -3,7 +3,8 @@
 :func:`transition_pool` steps the configured env under a uniform random policy through the n-step
 builder (what an actor's acting loop builds, without a policy); :func:`pong_transitions` runs a
 config's own acting loop (its policy, n-step and initial priorities) and returns what its actor
-would send. The bench groups measure with these, and the tests take their real data from here.
+would send; :func:`acted_items` the items of any config's acting loop (a recurrent policy's
+sequence items too). The bench groups measure with these, and the tests take their real data from here.
 """
 
 from __future__ import annotations
@@ -51,16 +52,15 @@ def transition_pool(cfg: Config, n: int, seed: int = 0) -> dict[str, np.ndarray]
     return {k: np.ascontiguousarray(np.concatenate([p[k] for p in parts])[:n]) for k in TRANSITION_KEYS}
 
 
-def pong_transitions(n: int, seed: int = 1, config: str | Path = CONFIGS / "pong_dqn.yaml"
-                     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The run's batch spec and ``n`` transitions of a config's actor (the shipped Pong config unless
-    given): its acting loop, with n-step and initial priorities, in the order an actor batches them."""
-    from zmqrl.config import load
+def acted_items(cfg: Config, n: int, seed: int = 0, priorities: bool = False) -> dict[str, np.ndarray]:
+    """``n`` items of a config's acting loop (its policy acting for actor 0, on ``actor.backend``), in the order
+    an actor batches them: n-step transitions (with ``priorities``, their initial ones where the loop makes
+    them), or a recurrent policy's sequence items."""
     from zmqrl.run.acting import ActingLoop, make_task
 
-    cfg = load(config, [])
     task = make_task(cfg)
-    loop = ActingLoop(cfg, task.policy(seed, backend=cfg.actor.backend), task.exploration(0), seed, priorities=True)
+    loop = ActingLoop(cfg, task.policy(seed, backend=cfg.actor.backend), task.exploration(0), seed,
+                      priorities=priorities)
     parts, got = [], 0
     try:
         while got < n:
@@ -70,4 +70,15 @@ def pong_transitions(n: int, seed: int = 1, config: str | Path = CONFIGS / "pong
                 got += len(acted.transitions["reward"])
     finally:
         loop.close()
-    return dict(task.batch_spec()), {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
+    return {k: np.ascontiguousarray(np.concatenate([p[k] for p in parts])[:n]) for k in parts[0]}
+
+
+def pong_transitions(n: int, seed: int = 1, config: str | Path = CONFIGS / "pong_dqn.yaml"
+                     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The run's batch spec and ``n`` transitions of a config's actor (the shipped Pong config unless
+    given): its acting loop, with n-step and initial priorities, in the order an actor batches them."""
+    from zmqrl.config import load
+    from zmqrl.run.acting import make_task
+
+    cfg = load(config, [])
+    return dict(make_task(cfg).batch_spec()), acted_items(cfg, n, seed, priorities=True)

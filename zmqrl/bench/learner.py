@@ -15,6 +15,10 @@ costs per Pong transition, what it sends while it waits for data, and what an up
 - ``learner_opt_steps_pong_cuda_device_replay``: on CUDA, the fed Pong learner at batch 256 with replay on
   the GPU (``replay.device: cuda``) against host replay; without CUDA it says so (``zmqrl bench --only cnn``
   times replay on the device's code on the CPU, and the unfed loop on CUDA at batch 32, 256 and 512).
+- ``learner_update_r2d2_pomdp`` and ``learner_items_r2d2_pomdp``: the learner's step (sample, update,
+  priorities) of R2D2 on CartPole without velocities (its shipped config: sequence items of
+  burn-in + trained + 1 steps, an LSTM unrolled over each) in steps/s and in items/s, against DQN's
+  step on the same env (its shipped control config) in steps/s and transitions/s. Not judged.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zmqrl.bench.data import TRANSITION_KEYS, pong_transitions, transition_pool
+from zmqrl.bench.data import TRANSITION_KEYS, acted_items, pong_transitions, transition_pool
 from zmqrl.bench.feeders import actor_meta, feed, save_messages
 from zmqrl.bench.harness import (
     CONFIGS,
@@ -55,6 +59,8 @@ from zmqrl.run.rundir import read_json
 CONFIG = "cartpole_dqn.yaml"
 PONG_CONFIG = "pong_dqn.yaml"
 SAC_CONFIG = "pendulum_sac.yaml"  # the update row of an algorithm without priorities, on two torch threads
+RECURRENT_CONFIGS = ("cartpole_pomdp_r2d2.yaml", "cartpole_pomdp_dqn.yaml")  # R2D2 and its feed-forward control
+SEQUENCE_ITEMS = {"full": 2000, "quick": 1000, "smoke": 200}  # real sequence items in replay for the R2D2 rows
 FEEDERS = 4
 DEFAULT_RATE = 5000.0  # transitions/s each feeder offers while not paused (--actor-rate)
 PONG_TRANSITIONS = {"full": 4096, "quick": 2048, "smoke": 1024}  # real Pong transitions made for the Pong rows
@@ -403,7 +409,7 @@ def run(c: Context) -> list[Row]:
     else:
         rows += [fed_row(c, pong, "learner_opt_steps_pong"), intake_row(c, pong), bytes_row(c, pong),
                  device_replay_fed_row(c, pong)]
-    return [*rows, update_row(c, path), sac_update_row(c)]
+    return [*rows, update_row(c, path), sac_update_row(c), *recurrent_update_rows(c)]
 
 
 def device_replay_fed_row(c: Context, material: Material) -> Row:
@@ -468,15 +474,43 @@ def sac_update_row(c: Context) -> Row:
     return make_row("learner_update_pendulum_sac", mine, median(rates["one"]), "opt steps/s", note)
 
 
-def _sampling_task(path: Path) -> tuple[Any, Any, Any]:
-    """(config, replay holding 20k real transitions of its env, the task that makes its agents) for ``path``."""
+def recurrent_update_rows(c: Context) -> list[Row]:
+    """R2D2's learner step on its POMDP config against DQN's on the same env, in steps/s and items/s."""
+    r2d2_path, dqn_path = (CONFIGS / name for name in RECURRENT_CONFIGS)
+    items = SEQUENCE_ITEMS.get(c.settings.mode, SEQUENCE_ITEMS["full"])
+    r2d2_cfg, r2d2_replay, r2d2_task = _sampling_task(r2d2_path, items)
+    dqn_cfg, dqn_replay, dqn_task = _sampling_task(dqn_path)
+    threads = r2d2_cfg.run.torch_threads
+    rates = _alternated(c, {
+        "r2d2": (threads, _learner_step(r2d2_cfg, r2d2_replay, r2d2_task.agent(device="cpu", seed=0).update)),
+        "dqn": (dqn_cfg.run.torch_threads, _learner_step(dqn_cfg, dqn_replay, dqn_task.agent(device="cpu",
+                                                                                              seed=0).update))})
+    r2d2, dqn = median(rates["r2d2"]), median(rates["dqn"])
+    rc, steps = r2d2_cfg.replay, r2d2_cfg.replay.burn_in + r2d2_cfg.replay.sequence_length + 1
+    r_batch, d_batch = r2d2_cfg.agent.batch_size, dqn_cfg.agent.batch_size
+    windows = ", ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(rates["r2d2"], rates["dqn"], strict=True))
+    note = (f"replay.sample + update + update_priorities, {threads} torch thread(s), denormals flushed: R2D2 "
+            f"({r2d2_path.name}: batches of {r_batch} sequence items of {steps} steps, burn-in {rc.burn_in} and "
+            f"{rc.sequence_length} trained, LSTM {r2d2_cfg.agent.lstm_size}; {len(r2d2_replay)} real items in replay; "
+            f"{r2d2 * r_batch * rc.sequence_length:.0f} trained steps/s) vs DQN ({dqn_path.name}: batches of "
+            f"{d_batch} transitions, hidden {list(dqn_cfg.agent.hidden)}; 20k real transitions); medians of "
+            f"{len(rates['r2d2'])} alternated windows (R2D2/DQN steps/s): {windows}")
+    return [make_row("learner_update_r2d2_pomdp", r2d2, dqn, "opt steps/s", note),
+            make_row("learner_items_r2d2_pomdp", r2d2 * r_batch, dqn * d_batch, "items/s",
+                     f"the row learner_update_r2d2_pomdp in items sampled per second: sequence items of R2D2 vs "
+                     f"transitions of DQN ({r_batch} vs {d_batch} an update)")]
+
+
+def _sampling_task(path: Path, items: int = 20_000) -> tuple[Any, Any, Any]:
+    """(config, replay holding ``items`` real items of its env, the task that makes its agents) for ``path``:
+    transitions under a random policy, or the sequence items of its acting loop for a recurrent agent."""
     from zmqrl.run.acting import make_task
     from zmqrl.run.startup import make_replay_from
 
     cfg = load_config(path)
     task = make_task(cfg)
     replay = make_replay_from(cfg, task.batch_spec())
-    replay.add(transition_pool(cfg, 20_000))
+    replay.add(acted_items(cfg, items) if type(cfg.agent).SEQUENCES else transition_pool(cfg, items))
     return cfg, replay, task
 
 

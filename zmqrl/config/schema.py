@@ -62,7 +62,7 @@ class AgentConfig:
     algo: str = "dqn"  # the algorithm: a name from `zmqrl config` (zmqrl.config.algorithms.ALGORITHMS)
     gamma: float = 0.99  # discount factor
     n_step: int = 3  # n-step returns
-    batch_size: int = 64  # transitions per optimisation step
+    batch_size: int = 64  # items (transitions, or sequences for R2D2) per optimisation step
     compile: str = "auto"  # learner updates: graph (one CUDA graph each), none (eager), auto (graph on CUDA, else none)
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -87,7 +87,7 @@ def _default_agent() -> AgentConfig:
 class ReplayConfig:
     """The replay buffer on the learner."""
 
-    capacity: int = 100_000  # transitions kept
+    capacity: int = 100_000  # items kept: transitions, or sequence items for a recurrent agent
     prioritized: bool = True  # prioritized replay (sum-tree) instead of uniform
     alpha: float = 0.6  # priority exponent
     beta0: float = 0.4  # initial importance-sampling exponent
@@ -105,8 +105,8 @@ class ReplayConfig:
 class TrainerConfig:
     """Intervals and limits shared by the single-process trainer and the learner."""
 
-    warmup: int = 1000  # transitions in replay before optimisation starts
-    opt_interval: int = 1  # env steps (transitions) per optimisation step, single-process only
+    warmup: int = 1000  # items (transitions, or sequence items) in replay before optimisation starts
+    opt_interval: int = 1  # env steps (sequence items for sequences) per optimisation step, single-process only
     max_opts: int = 50_000  # optimisation steps, then stop
     max_seconds: float = 0.0  # wall-clock limit in seconds; 0 means none
     stop_return: float | None = None  # stop as soon as an evaluation mean reaches this
@@ -119,7 +119,7 @@ class TrainerConfig:
     latest_interval_s: float = 60.0  # seconds between refreshes of checkpoints/latest; 0 = only at save_interval
     checkpoint_replay: bool = False  # also save replay contents (copied in memory, written off the training loop)
     sync_interval: int = 50  # optimisation steps between model publications (distributed)
-    max_samples_per_insert: float = 0.0  # learner waits for data above this ratio; 0 = off
+    max_samples_per_insert: float = 0.0  # learner waits for data above this ratio (items sampled / inserted); 0 = off
     min_samples_per_insert: float = 0.0  # learner stops taking data below this ratio (actors block); 0 = off
 
 
@@ -127,7 +127,7 @@ class TrainerConfig:
 class ActorConfig:
     """Distributed actors (Ape-X style)."""
 
-    n_buffer: int = 256  # transitions per message sent to the proxy
+    n_buffer: int = 256  # items (transitions, or sequence items) per message sent to the proxy
     eps: float = 0.4  # base exploration rate eps
     eps_alpha: float = 7.0  # actor i of N explores with eps ** (1 + eps_alpha * i / (N - 1))
     eps_decay_steps: int = 0  # each actor starts at agent.eps_start and reaches its eps above after this many

@@ -3,11 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from zmqrl.config import Config, EnvConfig
+from zmqrl.core import RecurrentPolicy
 from zmqrl.envs.factory import make_eval_vector
+
+
+def greedy_actions(policy: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """``policy``'s greedy actions (:class:`~zmqrl.core.Policy`) for rows of episodes that all start now.
+
+    A :class:`~zmqrl.core.RecurrentPolicy` acts from its initial state, one per row, carried from
+    call to call: make a new one for every set of episodes (:meth:`GreedyEvaluator.play` does).
+    """
+    if not isinstance(policy, RecurrentPolicy):
+        return policy.greedy  # type: ignore[no-any-return]
+    state: np.ndarray | None = None
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        nonlocal state
+        if state is None or len(state) != len(obs):
+            state = policy.initial_state(len(obs))
+        actions, state = policy.greedy_recurrent(obs, state)
+        return actions
+
+    return act
 
 
 class GreedyEvaluator:
@@ -30,8 +52,14 @@ class GreedyEvaluator:
         self.epsilon = epsilon
         self.calls = 0
 
+    def play(self, policy: Any) -> tuple[list[float], list[int]]:
+        """:meth:`run` with ``policy``'s greedy actions; a recurrent policy starts each episode from its
+        initial state (:func:`greedy_actions`)."""
+        return self.run(greedy_actions(policy))
+
     def run(self, greedy: Callable[[np.ndarray], np.ndarray]) -> tuple[list[float], list[int]]:
-        """Returns and lengths of one episode per env (seeds as the class docstring says)."""
+        """Returns and lengths of one episode per env (seeds as the class docstring says); ``greedy``
+        takes every env's observation at each step, from the episodes' first on."""
         base = self.seed + 100_003 * self.calls
         self.calls += 1
         seeds = self.seeds or [base + i for i in range(self.episodes)]

@@ -18,6 +18,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from zmqrl.config import ConfigError, EnvConfig
 from zmqrl.envs import atari, pool
 from zmqrl.envs.pomdp import mask_velocity
+from zmqrl.envs.state import wrapper_chain
 from zmqrl.envs.stepper import VectorStepper
 
 
@@ -110,15 +111,18 @@ def make_env(cfg: EnvConfig, training: bool = True) -> gym.Env:
 def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> SyncVectorEnv:
     """``num_envs`` envs stepped together; env ``i`` is seeded with ``seed + i`` at the first reset.
 
-    The spaces' RNGs are seeded too: batching the spaces draws sub-env 0's from OS entropy.
+    The spaces' RNGs are seeded too: batching the spaces draws sub-env 0's from OS entropy, and a
+    wrapper that changes a space (mask_velocity's observations) leaves the one under it unseeded,
+    drawn from OS entropy when first read (by a capture of the env's state, say).
     """
     vec = SyncVectorEnv([lambda: make_env(cfg) for _ in range(num_envs)],
                         autoreset_mode=AutoresetMode.SAME_STEP)
     vec.action_space.seed(seed)
     vec.observation_space.seed(seed)
     for i, env in enumerate(vec.envs):
-        env.action_space.seed(seed + i)
-        env.observation_space.seed(seed + i)
+        for layer in reversed(wrapper_chain(env)):  # the outermost last: its spaces are what the env shows
+            layer.action_space.seed(seed + i)
+            layer.observation_space.seed(seed + i)
     return vec
 
 

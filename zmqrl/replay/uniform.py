@@ -98,7 +98,8 @@ class UniformReplay:
 
     @property
     def frames_held(self) -> int:
-        """Distinct frames the frame pool holds now (0 without one)."""
+        """Distinct image frames held in the frame pool (0 without one): with each frame once, about the
+        new frames an item brings per item (one for a stacked transition, the period for a sequence)."""
         return len(self._pool) if self._pool is not None else 0
 
     @property

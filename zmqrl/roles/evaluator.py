@@ -81,7 +81,7 @@ class Evaluator(RoleProcess):
             log.error("evaluator: %s", problem)
             return False
         params = {k: np.array(v) for k, v in msg.arrays.items()}
-        returns, lengths = self.episodes.run(self.policy.greedy)
+        returns, lengths = self.episodes.play(self.policy)
         self.last_opt_steps = opt_steps
         self.evaluated += 1
         try:  # never block: with the learner gone, a blocking send would hang shutdown

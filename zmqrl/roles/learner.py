@@ -137,10 +137,11 @@ class Learner(RoleProcess):
                              batch_problem=self.task.batch_problem)
         self.writer = ReplayWriter(self.replay, net.max_peers, net.peer_idle_s,
                                    frames_per_item=self.task.new_frames_per_item())
-        # env steps an actor has taken but not yet sent as transitions: its batch being filled, its n-step
+        # env steps an actor has taken but not yet sent as items: its batch being filled, its adder's
         # windows, and the batches of one send (several go out together)
-        buffered = 4 * (cfg.actor.n_buffer + cfg.env.num_envs * cfg.agent.n_step)
-        self.peers = PeerAccounts(net.max_peers, net.peer_idle_s, step_slack=buffered)
+        per_item = self.task.env_steps_per_item()
+        buffered = 4 * (cfg.actor.n_buffer * per_item + cfg.env.num_envs * self.task.env_steps_held())
+        self.peers = PeerAccounts(net.max_peers, net.peer_idle_s, step_slack=buffered, steps_per_item=per_item)
         self.updates_skipped = 0  # optimisation steps not applied: their loss or gradients were not finite
         self.models_withheld = 0  # models not published: their parameters were not finite
         self.batches = 0
@@ -396,6 +397,8 @@ class Learner(RoleProcess):
         return {
             "role": "learner", "endpoints": self.endpoints, "replay_size": len(self.replay),
             "replay_device": str(getattr(self.replay, "device", "host")),
+            "replay_item": self.task.replay_item,  # what replay_size, transitions_inserted and the limiter count
+            "replay_frames_per_item": round(getattr(self.replay, "frames_held", 0) / max(len(self.replay), 1), 3),
             "transitions_inserted": self.limiter.inserted,
             "transitions_inserted_per_s": self.limiter.inserted / max(self.book.wall_s, 1e-9),
             "samples_per_insert": self.samples_per_insert(),
@@ -422,6 +425,10 @@ class Learner(RoleProcess):
         """Train until stopped or done; returns the summary."""
         log.info("learner: data on %s, models on %s, evaluations on %s; run dir %s", self.endpoints["data"],
                  self.endpoints["model"], self.endpoints["eval"], self.dir)
+        tc = self.cfg.trainer
+        log.info("learner: replay counts %ss: capacity %d, warm-up %d, batches of %d, samples per insert %s",
+                 self.task.replay_item, self.cfg.replay.capacity, tc.warmup, self.cfg.agent.batch_size,
+                 f"{tc.min_samples_per_insert:g}..{tc.max_samples_per_insert or float('inf'):g}")
         self._threads = True
         self.publisher.start()
         self.intake.start()
@@ -459,8 +466,8 @@ class Learner(RoleProcess):
             if starving or throttled:
                 self._settle()  # no step left pending while the loop waits
                 if starving and waiting_log():
-                    log.info("learner: %d/%d warm-up transitions in replay; waiting for %s", len(self.replay),
-                             tc.warmup, "actors" if ready else "the agent (torch loading) and actors")
+                    log.info("learner: %d/%d warm-up %ss in replay; waiting for %s", len(self.replay), tc.warmup,
+                             self.task.replay_item, "actors" if ready else "the agent (torch loading) and actors")
                 t0 = time.perf_counter()
                 handoff.wait(REGRANT_S if throttled else IDLE_WAIT_S)
                 cost.add("idle", time.perf_counter() - t0)

@@ -140,8 +140,10 @@ class ActorAccount:
 class PeerAccounts:
     """Per-actor counters of the batches in replay, and policy lag."""
 
-    def __init__(self, max_peers: int, idle_s: float = 600.0, step_slack: int = STEP_SLACK) -> None:
+    def __init__(self, max_peers: int, idle_s: float = 600.0, step_slack: int = STEP_SLACK,
+                 steps_per_item: int = 1) -> None:
         self.step_slack = step_slack
+        self.steps_per_item = steps_per_item  # env steps an item stands for at most (sequence items: their period)
         self.actors: PeerTable[ActorAccount] = PeerTable(ActorAccount, max_peers, idle_s)
         self.lags: collections.deque[int] = collections.deque(maxlen=10_000)
         self.lag_counts: collections.Counter[int] = collections.Counter()
@@ -154,9 +156,9 @@ class PeerAccounts:
         ``version``/``incarnation`` are the learner's current model version and incarnation: the
         policy lag is measured only for batches acted by this learner's version line. Each of an
         actor's incarnations counts its own env steps (a restart starts at 0; two processes under
-        one name do not reset each other's), and never more for the name in all than the
-        transitions it sent plus ``step_slack`` (what its buffers may hold): an actor cannot claim steps it
-        never took.
+        one name do not reset each other's), and never more for the name in all than
+        ``steps_per_item`` per item it sent plus ``step_slack`` (what its buffers may hold): an actor cannot
+        claim steps it never took.
         """
         actor = self.actors.admit(msg.sender)
         if actor is None:  # forgotten since its sequence check (idle) and no room now
@@ -176,7 +178,8 @@ class PeerAccounts:
         counter[1] += n
         actor.transitions += n
         reported = int(number(stats, "env_steps", lo=0))
-        new_steps = min(max(0, reported - counter[0]), actor.transitions + self.step_slack - actor.steps_counted)
+        most = actor.transitions * self.steps_per_item + self.step_slack
+        new_steps = min(max(0, reported - counter[0]), most - actor.steps_counted)
         new_steps = max(0, new_steps)
         counter[0] += new_steps
         actor.steps_counted += new_steps

@@ -2,11 +2,12 @@
 
 :func:`make_task` resolves the configured algorithm and the env's spaces once, refusing spaces
 the algorithm cannot train on with the config key in the message. :class:`ActingLoop` is the
-vector env, the policy and the n-step builder stepped together: ``zmqrl train``, the actor and
-the bench all act through it, so an algorithm's exploration and transitions are the same
-wherever it runs. Its state (every env, the current observations and running episodes, the
-n-step builder's pending steps) goes into checkpoints as :data:`STATE_FILE`, so a resumed
-``zmqrl train`` continues exactly where it stopped.
+vector env, the policy and its adder stepped together: the n-step builder for a feed-forward
+policy, the sequence adder for a :class:`~zmqrl.core.RecurrentPolicy` (with a recurrent state per
+env). ``zmqrl train``, the actor and the bench all act through it, so an algorithm's exploration
+and items are the same wherever it runs. Its state (every env, the current observations and
+running episodes, the adder's pending steps, the recurrent states) goes into checkpoints as
+:data:`STATE_FILE`, so a resumed ``zmqrl train`` continues exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ import numpy as np
 
 from zmqrl.agents.base import Algorithm, ArraySpec, Exploration, algorithm
 from zmqrl.config import Config, EnvConfig
-from zmqrl.core import ReusesActingValues
+from zmqrl.core import RecurrentPolicy, ReusesActingValues
 from zmqrl.envs.factory import make_stepper, spaces
 from zmqrl.envs.state import capture_object, plan_restore
 from zmqrl.envs.stepper import Step
 from zmqrl.run import checkpoint
-from zmqrl.run.adders import ENV_ID, FIRST_VALUES, NStepBuilder
+from zmqrl.run.adders import ENV_ID, FIRST_VALUES, NStepBuilder, SequenceAdder
 from zmqrl.run.checkpoint import CheckpointError
 
 if TYPE_CHECKING:
@@ -71,8 +72,20 @@ class Task:
     def batch_problem(self, arrays: Mapping[str, np.ndarray]) -> str | None:
         return self.algo.batch_problem(self.cfg, arrays)
 
+    @property
+    def replay_item(self) -> str:
+        """What one replay item is: a transition, or a sequence item (capacity, warm-up, batch size and
+        samples per insert count these)."""
+        return "sequence item" if type(self.cfg.agent).SEQUENCES else "transition"
+
     def new_frames_per_item(self) -> int:
         return self.algo.new_frames_per_item(self.cfg)
+
+    def env_steps_per_item(self) -> int:
+        return self.algo.env_steps_per_item(self.cfg)
+
+    def env_steps_held(self) -> int:
+        return self.algo.env_steps_held(self.cfg)
 
 
 def make_task(cfg: Config) -> Task:
@@ -85,7 +98,8 @@ def make_task(cfg: Config) -> Task:
 
 @dataclass
 class Acted:
-    """One step of the acting loop: transitions it completed and episodes that ended."""
+    """One step of the acting loop: items it completed (n-step transitions, or sequence items of a
+    recurrent policy) and episodes that ended."""
 
     transitions: dict[str, np.ndarray] | None
     episode_returns: list[float]
@@ -117,6 +131,13 @@ class ActingLoop:
     between: initial priorities are estimates (the learner replaces them at the first replay), so
     this is not worth a forward pass. Otherwise (``priorities`` off, or a policy without reused
     values) transitions come without priorities, at once.
+
+    A :class:`~zmqrl.core.RecurrentPolicy` acts with a recurrent state per env, which the loop owns:
+    each env starts every episode from the policy's initial state (reset once its episode ended, and
+    where an asynchronous pool's row is an env's reset rather than a step); the state an env held
+    before acting on an observation goes to the :class:`~zmqrl.run.adders.SequenceAdder` with that
+    step, so each sequence item carries the state at its start. Its items come without priorities
+    (the caller computes them per batch with ``policy.priorities``, one pass over whole items).
     """
 
     def __init__(self, cfg: Config, policy: Policy, exploration: Exploration, seed: int,
@@ -125,11 +146,21 @@ class ActingLoop:
         self.exploration = exploration
         self.num_envs = cfg.env.num_envs
         self.stepper = make_stepper(cfg.env, self.num_envs, seed)
-        self.nstep = NStepBuilder(self.num_envs, cfg.agent.n_step, cfg.agent.gamma)
+        self.recurrent = policy if isinstance(policy, RecurrentPolicy) else None
+        self.adder: NStepBuilder | SequenceAdder
+        if self.recurrent is None:
+            self.adder = NStepBuilder(self.num_envs, cfg.agent.n_step, cfg.agent.gamma)
+        else:
+            rc = cfg.replay
+            self.adder = SequenceAdder(self.num_envs, rc.burn_in, rc.sequence_length, rc.overlap, cfg.agent.gamma)
+            # each env's state for its current observation, and the one it held before its last act
+            self.states = self.recurrent.initial_state(self.num_envs)
+            self.acted_from = self.states.copy()
         self.env_steps = env_steps
         self.env_cfg = cfg.env
         self._warned = False
-        self.reuse = policy if priorities and isinstance(policy, ReusesActingValues) else None
+        self.reuse = policy if priorities and isinstance(policy, ReusesActingValues) and self.recurrent is None \
+            else None
         self._waiting: dict[str, np.ndarray] | None = None  # transitions waiting for their bootstrap's values
         self._env_values: np.ndarray | None = None  # per env: the values of the observation it last acted on
 
@@ -145,15 +176,55 @@ class ActingLoop:
         acted = self.stepper.env_ids  # the envs acted for (None: all, in order)
         if acted is not None and np.ndim(explore):
             explore = np.asarray(explore)[acted]
-        step = self.stepper.step(self.policy.act(self.stepper.obs, explore))
+        if self.recurrent is not None:
+            step = self.stepper.step(self._act_recurrent(explore, acted))
+        else:
+            step = self.stepper.step(self.policy.act(self.stepper.obs, explore))
         taken = len(step.reward) if step.valid is None else int(step.valid.sum())
         self.env_steps += taken
-        if self.reuse is None:
+        if self.recurrent is not None:
+            transitions = self._sequences(step)
+        elif self.reuse is None:
             transitions = self.nstep.push(step.obs, step.action, step.reward, step.next_obs,
                                           step.terminated, step.truncated, valid=step.valid, env_ids=step.env_ids)
         else:
             transitions = self._prioritised(step, self.reuse.acted_values(), acted)
         return Acted(transitions, step.episode_returns, step.episode_lengths, float(np.mean(explore)), taken)
+
+    @property
+    def nstep(self) -> NStepBuilder:
+        """The n-step builder of a feed-forward policy's loop."""
+        assert isinstance(self.adder, NStepBuilder), "a recurrent policy's loop has a sequence adder"
+        return self.adder
+
+    def _act_recurrent(self, explore: float | np.ndarray, acted: np.ndarray | None) -> np.ndarray:
+        """The recurrent policy's actions for the envs ``acted`` (None: all) from their states, which move on."""
+        assert self.recurrent is not None
+        if acted is None:
+            action, after = self.recurrent.act_recurrent(self.stepper.obs, explore, self.states)
+            self.acted_from, self.states = self.states, np.asarray(after, dtype=np.float32)
+        else:
+            before = self.states[acted]
+            action, after = self.recurrent.act_recurrent(self.stepper.obs, explore, before)
+            self.acted_from[acted] = before
+            self.states[acted] = after
+        return action
+
+    def _sequences(self, step: Step) -> dict[str, np.ndarray] | None:
+        """The sequence items ``step`` completes, each with the state its env held at its start; then the
+        states of envs whose next observation starts an episode go back to the initial state: those whose
+        episode just ended, and an asynchronous pool's rows that were an env's reset, not a step."""
+        assert self.recurrent is not None and isinstance(self.adder, SequenceAdder)
+        rows = np.arange(self.num_envs) if step.env_ids is None else step.env_ids
+        items = self.adder.push(step.obs, step.action, step.reward, step.terminated, step.truncated,
+                                self.acted_from[rows], valid=step.valid, env_ids=step.env_ids)
+        fresh = step.terminated | step.truncated
+        if step.valid is not None:
+            fresh = fresh | ~step.valid
+        if fresh.any():
+            envs = rows[fresh]
+            self.states[envs] = self.recurrent.initial_state(len(envs))
+        return items
 
     def _prioritised(self, step: Step, values: np.ndarray, acted: np.ndarray | None) -> dict[str, np.ndarray] | None:
         """The transitions that ``step`` completes, with priorities: those waiting for the values
@@ -221,9 +292,15 @@ class ActingLoop:
     def state(self) -> tuple[dict[str, Any], list[str]]:
         """The loop's state as plain data (copies), and what of the envs could not be captured."""
         stepper, missed = self.stepper.state()
-        nstep, nstep_missed = capture_object(self.nstep)
-        return {"format": STATE_FORMAT, "env": dataclasses.asdict(self.env_cfg), "env_steps": self.env_steps,
-                "stepper": stepper, "nstep": nstep, "missed": missed + nstep_missed}, missed + nstep_missed
+        adder, adder_missed = capture_object(self.adder)
+        state = {"format": STATE_FORMAT, "env": dataclasses.asdict(self.env_cfg), "env_steps": self.env_steps,
+                 "stepper": stepper, "missed": missed + adder_missed}
+        if self.recurrent is None:
+            state["nstep"] = adder
+        else:  # the sequence adder's pending steps and every env's recurrent states
+            state["sequences"] = adder
+            state["recurrent"] = {"states": self.states.copy(), "acted_from": self.acted_from.copy()}
+        return state, missed + adder_missed
 
     def snapshot(self) -> Callable[[Path], None]:
         """Take the state now (on the acting thread); the returned callable writes it to a path,
@@ -265,13 +342,33 @@ class ActingLoop:
         if not self.stepper.restorable:  # new episodes: nothing pending may join them
             return lambda: setattr(self, "env_steps", env_steps)
         load_stepper = self.stepper.plan_load(state.get("stepper"))
-        nstep_steps = plan_restore(self.nstep, state.get("nstep"), "n-step builder")
+        if self.recurrent is None:
+            adder_steps = plan_restore(self.adder, state.get("nstep"), "n-step builder")
+        else:
+            adder_steps = plan_restore(self.adder, state.get("sequences"), "sequence adder")
+            adder_steps.append(self._plan_states(state.get("recurrent")))
 
         def load() -> None:
             load_stepper()
-            for step in nstep_steps:
+            for step in adder_steps:
                 step()
             self.env_steps = env_steps
+        return load
+
+    def _plan_states(self, saved: Any) -> Callable[[], None]:
+        """Check saved recurrent states against this loop's; returns the step that loads them."""
+        if not isinstance(saved, dict):
+            raise ValueError("no recurrent states (saved by a loop whose policy is not recurrent)")
+        arrays = {}
+        for key, mine in (("states", self.states), ("acted_from", self.acted_from)):
+            value = saved.get(key)
+            if not isinstance(value, np.ndarray) or value.shape != mine.shape or value.dtype != mine.dtype:
+                raise ValueError(f"recurrent {key}: expected {mine.dtype} {mine.shape}, got "
+                                 f"{getattr(value, 'dtype', type(value).__name__)} {getattr(value, 'shape', '')}")
+            arrays[key] = value.copy()
+
+        def load() -> None:
+            self.states, self.acted_from = arrays["states"], arrays["acted_from"]
         return load
 
     def close(self) -> None:

@@ -41,10 +41,13 @@ EVAL_HISTORY = 1000  # evaluations kept in memory, summary.json and state.json (
 
 
 def replay_values(replay: ReplayBuffer) -> dict[str, float]:
-    """TensorBoard scalars of a replay buffer: its size and, for prioritized replay, the largest
-    and mean stored priority and the raw priorities clamped so far (where Q values run away, the
-    priorities show it first)."""
+    """TensorBoard scalars of a replay buffer: its size, its image frames per item where it keeps each
+    frame once, and, for prioritized replay, the largest and mean stored priority and the raw
+    priorities clamped so far (where Q values run away, the priorities show it first)."""
     values = {"perf/replay_size": float(len(replay))}
+    frames = getattr(replay, "frames_held", 0)
+    if frames and len(replay):  # image frames kept once: distinct frames per item held
+        values["perf/replay_frames_per_item"] = frames / len(replay)
     if isinstance(replay, PrioritizedReplay) and len(replay):
         values["perf/priority_max"] = float(replay.max_priority)
         values["perf/priority_mean"] = replay.tree.total() / len(replay)

@@ -134,8 +134,8 @@ def run_table(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> 
 
     Rows every run has (stop reason, wall time, env/opt steps and rates, best and last
     evaluation, where the loop's time went, the run directory), then, where ``summary`` is a learner's,
-    the distributed ones (transitions inserted, replay samples, model version, policy lag, batches)
-    and a row per actor.
+    the distributed ones (items inserted: transitions or sequence items; replay samples, model version,
+    policy lag, batches) and a row per actor.
     """
     solved = summary.get("solved")
     rows = [("stop reason", summary.get("stop_reason") or "-"),
@@ -145,10 +145,11 @@ def run_table(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> 
             ("opt steps", f"{summary.get('opt_steps', 0)} ({summary.get('opt_steps_per_s', 0.0):.0f}/s)")]
     if "messages" in summary:  # a learner's summary
         lag, msgs = summary.get("policy_lag", {}), summary["messages"]
-        rows += [("inserted", f"{summary.get('transitions_inserted', 0)} transitions "
+        item = str(summary.get("replay_item") or "transition")  # what replay holds: transitions, or sequence items
+        rows += [("inserted", f"{summary.get('transitions_inserted', 0)} {item}s "
                               f"({summary.get('transitions_inserted_per_s', 0.0):.0f}/s)"),
                  ("replay samples", f"{summary.get('replay_samples_per_s', 0.0):.0f}/s "
-                                    f"({summary.get('samples_per_insert', 0.0):.2f} per transition inserted)"),
+                                    f"({summary.get('samples_per_insert', 0.0):.2f} per {item} inserted)"),
                  ("model version", str(summary.get("model_version", "-"))),
                  ("policy lag", f"mean {lag.get('mean', float('nan')):.1f}, p90 {lag.get('p90', float('nan')):.0f}, "
                                 f"max {lag.get('max', '-')} model versions"

@@ -1,17 +1,19 @@
 """Single-process training: the same agents, replay and configs as a distributed run, no sockets.
 
-The loop is border's ``Trainer``: step the envs, turn steps into n-step transitions, and once
-``trainer.warmup`` transitions are stored, run one optimisation step every
-``trainer.opt_interval`` transitions. Evaluation, checkpoints, records and the summary come
-from :class:`zmqrl.run.bookkeeping.Bookkeeper`, shared with the learner.
+The loop is border's ``Trainer``: step the envs, turn steps into n-step transitions (or sequence
+items, for an algorithm that trains on sequences), and once ``trainer.warmup`` of them are stored,
+run one optimisation step every ``trainer.opt_interval`` env steps (sequence items, for sequences:
+replay, warm-up and the rate of updates count items, as Acme's and SEED RL's R2D2 do). Evaluation,
+checkpoints, records and the summary come from :class:`zmqrl.run.bookkeeping.Bookkeeper`, shared
+with the learner.
 
 A run stopped by SIGINT/SIGTERM finishes its optimisation step, writes ``checkpoints/latest``
 and exits; ``--resume`` continues it exactly (the same parameters as a run never stopped) when
 ``trainer.checkpoint_replay`` is on: every checkpoint holds the agent with its RNGs, the envs'
-state, the n-step builder's pending steps and this loop's counters, and ``latest`` the replay
-contents with their sampling RNG. Without the replay contents, or for an env whose state cannot
-be captured whole, the resume is not exact and the log says so and why. The checkpoint is read
-and checked before anything in the run directory is written.
+state, the adder's pending steps (and a recurrent policy's states) and this loop's counters, and
+``latest`` the replay contents with their sampling RNG. Without the replay contents, or for an env
+whose state cannot be captured whole, the resume is not exact and the log says so and why. The
+checkpoint is read and checked before anything in the run directory is written.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
     evaluator.calls = counters.eval_calls
 
     tc, batch_size, cost = cfg.trainer, cfg.agent.batch_size, book.cost
+    per_item = type(cfg.agent).SEQUENCES  # updates owed per item inserted, not per env step
 
     def perf() -> dict[str, float]:
         assert replay is not None
@@ -137,7 +140,8 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
                     cost.add("insert", time.perf_counter() - t1)
                     if len(replay) < tc.warmup:
                         continue
-                    counters.opt_credit += acted.env_steps / tc.opt_interval
+                    made = 0 if acted.transitions is None else len(acted.transitions["reward"])
+                    counters.opt_credit += (made if per_item else acted.env_steps) / tc.opt_interval
                 while counters.opt_credit >= 1.0 and not stop.set and not book.should_stop():
                     counters.opt_credit -= 1.0
                     t0 = time.perf_counter()
@@ -153,13 +157,14 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
                     book.opt_step({**metrics, explore_tag: explore}, save=False, perf=perf)
                     if book.eval_due():
                         t0 = time.perf_counter()
-                        returns, lengths = evaluator.run(agent.greedy)
+                        returns, lengths = evaluator.play(agent)
                         cost.add("evaluate", time.perf_counter() - t0)
                         book.evaluation(returns, lengths, version=book.opt_steps)
                     book.save_due()  # after the evaluation, so a checkpoint never falls between the two
         if stop.set:
             book.stop_reason = "interrupted"
-        summary = book.finish({"replay_size": len(replay)})  # before the envs close: their state is saved
+        # before the envs close: their state is saved
+        summary = book.finish({"replay_size": len(replay), "replay_item": task.replay_item})
         print_run_table(summary, path)
         return summary
     except BaseException:

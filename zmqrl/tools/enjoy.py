@@ -41,8 +41,10 @@ class TrainedPolicy:
     """The greedy policy of one checkpoint of a run.
 
     ``act(obs)`` takes one observation (the env's observation shape) or a batch of them and
-    returns the greedy action(s) in the form the env takes. ``cfg`` is the run's config,
-    ``checkpoint`` the directory read and ``state`` its ``state.json`` (counters, evaluations).
+    returns the greedy action(s) in the form the env takes. A recurrent policy (R2D2's LSTM) keeps
+    its state from one ``act`` to the next, a row per observation: call :meth:`reset` when new
+    episodes start (:meth:`play` does). ``cfg`` is the run's config, ``checkpoint`` the directory
+    read and ``state`` its ``state.json`` (counters, evaluations).
     """
 
     def __init__(self, run_dir: str | Path, checkpoint: str | int = "best", backend: str = "auto") -> None:
@@ -61,15 +63,23 @@ class TrainedPolicy:
         except (KeyError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{policy_file(self.checkpoint)}: its policy parameters do not fit "
                                   f"the run's config.yaml (agent.algo={self.cfg.agent.algo}): {exc}") from None
+        self.reset()
+
+    def reset(self) -> None:
+        """New episodes start: the next ``act`` plays their first observations (a recurrent policy from
+        its initial state; a feed-forward one has nothing to forget)."""
+        from zmqrl.envs.evaluator import greedy_actions
+
+        self._greedy = greedy_actions(self.policy)
 
     def act(self, obs: Any) -> Any:
         """Greedy action for one observation, or an array of actions for a batch."""
         shape = tuple(self.obs_space.shape or ())
         x = np.asarray(obs, dtype=self.obs_space.dtype)
         if x.shape == shape:
-            return self.policy.greedy(x[None])[0]
+            return self._greedy(x[None])[0]
         if x.shape[1:] == shape:
-            return self.policy.greedy(x)
+            return self._greedy(x)
         raise ValueError(f"act: observation shape {x.shape} is neither {shape} (one) nor (N, *{shape}) (a batch) "
                          f"for {self.cfg.env.id}")
 
@@ -96,6 +106,7 @@ class TrainedPolicy:
         try:
             for i in range(episodes):
                 obs, _ = env.reset(seed=seed + i)
+                self.reset()
                 total, steps, done = 0.0, 0, False
                 while not done:
                     obs, reward, terminated, truncated, _ = env.step(self.act(obs))

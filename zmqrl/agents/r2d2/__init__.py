@@ -62,9 +62,13 @@ from zmqrl.config import Config, ConfigError
 
 
 def check_config(ac: R2D2Config) -> None:
-    """What the range checks of the config cannot say about R2D2's keys."""
+    """What the range checks of the config cannot say about R2D2's keys; its update has no captured
+    CUDA graph (the LSTM's burn-in and unroll run eager), so ``agent.compile: graph`` is refused."""
     if any(size <= 0 for size in ac.hidden):
         raise ConfigError(f"agent.hidden: layer sizes must be > 0, got {ac.hidden}")
+    if ac.compile == "graph":
+        raise ConfigError("agent.compile: graph is not available for agent.algo=r2d2 (its update has no captured "
+                          "CUDA graph); use auto or none, which run it eager")
 
 
 class R2D2(DiscreteQAlgorithm):
@@ -106,6 +110,19 @@ class R2D2(DiscreteQAlgorithm):
         """Masks of 0 and 1 in one run, a real first trained step and one with a target, terminations only
         at an item's end, finite and bounded states (:func:`~zmqrl.agents.r2d2.sequences.item_problem`)."""
         return item_problem(arrays, layout(cfg).burn_in)
+
+    def new_frames_per_item(self, cfg: Config) -> int:
+        """An episode's items start every ``P = sequence_length - overlap`` steps and each step brings one
+        new frame (a stack shares all but its newest with the step before), so an item brings about P."""
+        return layout(cfg).period
+
+    def env_steps_per_item(self, cfg: Config) -> int:
+        """An episode of ``E`` steps makes ``ceil(E / P)`` items: at most P env steps per item."""
+        return layout(cfg).period
+
+    def env_steps_held(self, cfg: Config) -> int:
+        """An env's steps not yet in a sent item: at most one item's ``T`` steps."""
+        return layout(cfg).steps
 
 
 ALGORITHM = R2D2()

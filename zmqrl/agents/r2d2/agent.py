@@ -19,6 +19,7 @@ A step whose loss or gradient is not finite is not applied (:func:`~zmqrl.agents
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -33,6 +34,8 @@ from zmqrl.agents.r2d2.networks import R2D2Network, State, build_r2d2_network
 from zmqrl.agents.r2d2.numpy_policy import NOT_FEED_FORWARD, local_priorities
 from zmqrl.agents.r2d2.sequences import Layout, sequence_targets
 from zmqrl.agents.torch_util import PendingStep, clip_gradients, load_module_params, module_params, nonfinite
+
+log = logging.getLogger("zmqrl")
 
 
 def rescale(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -139,6 +142,8 @@ class R2D2Agent(TargetQAgent, R2D2Policy):
                  action_space: gym.spaces.Discrete, device: torch.device | str = "cpu", seed: int = 0) -> None:
         super().__init__(cfg, layout, obs_space, action_space, device, seed)
         self.init_learner(build_r2d2_network(cfg, obs_space, self.num_actions))
+        log.info("r2d2 updates run eager on %s (agent.compile=%s: R2D2 has no captured update)", self.device,
+                 cfg.compile)
 
     def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
         """One gradient step on a batch of sequence items; returns metrics and per-item priorities
