@@ -24,7 +24,7 @@ def tcp(port: int | None = None) -> str:
     return f"tcp://127.0.0.1:{port or free_port()}"
 
 
-def ingest_until(learner: Learner, cond: Any, timeout: float = 20.0) -> None:
+def ingest_until(learner: Learner, cond: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "timed out waiting for the learner to take the messages in"

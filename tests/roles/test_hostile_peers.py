@@ -24,6 +24,7 @@ import zmq
 
 from batches import batch_frames, cartpole_batch
 from procs import Procs, wait_for
+from rigs import in_process_learner, ingest_until, tcp
 from zmqrl import config
 from zmqrl.bench.data import acted_items
 from zmqrl.config import Config
@@ -32,7 +33,6 @@ from zmqrl.roles.addresses import free_port
 from zmqrl.roles.admission import MAC_KEY, TOKEN_FILE, report_mac
 from zmqrl.roles.inserts import FRAME_SLACK, FRAMES_PER_ITEM, ReplayWriter
 from zmqrl.roles.intake import Arrived
-from zmqrl.roles.learner import Learner
 from zmqrl.roles.net import PROXY_QUEUE
 from zmqrl.run.acting import make_task
 from zmqrl.run.adders import SequenceAdder
@@ -57,10 +57,6 @@ from zmqrl.wire.tracking import MAX_SEQ_GAP
 pytestmark = pytest.mark.timeout(240)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def tcp(port: int | None = None) -> str:
-    return f"tcp://127.0.0.1:{port or free_port()}"
 
 
 def with_header(frames: list[Any], **changes: Any) -> list[Any]:
@@ -290,19 +286,6 @@ def test_the_proxy_reports_a_thousand_actors_without_outgrowing_a_header(tmp_pat
 
 
 # ------------------------------------------------------------------------- memory
-
-
-def in_process_learner(cfg: Config, run_dir: Path) -> Learner:
-    learner = Learner(cfg, run_dir, tcp(), tcp(), tcp())
-    learner.agent_ready(block=True)
-    return learner
-
-
-def ingest_until(learner: Learner, cond: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the learner to take the messages in"
-        learner.ingest(timeout=0.05)
 
 
 @pytest.mark.slow
@@ -768,7 +751,8 @@ def test_image_sequences_keep_each_frame_once_and_frames_that_share_nothing_are_
         far = {**arrays, "obs_frames": np.full_like(arrays["obs_frames"], len(arrays["frames"]))}
         push.send_multipart(batch_frames("rogue-a", 0, noisy, {"stats": {"env_steps": 1}}))
         push.send_multipart(batch_frames("rogue-b", 0, far, {"stats": {"env_steps": 1}}))
-        ingest_until(learner, lambda: learner.batches + learner.writer.rejected_frames == episodes + 1)
+        ingest_until(learner, lambda: learner.batches + learner.writer.rejected_frames
+                     + learner.intake.receiver.rejected.get("compact", 0) == episodes + 2)
         items = sum(len(s["mask"]) for s in sent)
         assert len(learner.replay) == items and learner.intake.receiver.compact_batches == episodes
         assert learner.writer.rejected_frames == 1 and dict(learner.intake.receiver.rejected) == {"compact": 1}
