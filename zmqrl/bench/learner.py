@@ -10,7 +10,8 @@ costs per Pong transition, what it sends while it waits for data, and what an up
   transitions per CPU-second, against the former intake that rebuilt each batch's stacks and had
   replay find their frames again (decode, ``expand``, checks, ``replay.add`` of the stacks). Goal: 5x.
 - ``learner_bytes_throttled``: bytes per second four actors' subscriptions receive from a Pong learner
-  that waits for data (``max_samples_per_insert``), granting every 50 ms, against what the same grants
+  that waits for data (``max_samples_per_insert``), granting every 50 ms (its models republished every
+  ``net.republish_s`` counted in at their average rate), against what the same grants
   cost when each rode on a model (the protocol before control had messages of its own). Goal: 100x fewer.
 - ``learner_opt_steps_pong_cuda_device_replay``: on CUDA, the fed Pong learner at batch 256 with replay on
   the GPU (``replay.device: cuda``) against host replay; without CUDA it says so (``zmqrl bench --only cnn``
@@ -380,15 +381,20 @@ def bytes_row(c: Context, material: Material) -> Row:
     if not counts["control"][0]:
         return skipped_row("learner_bytes_throttled", "bytes/s", "no control message reached the subscribers")
     model_frame = learner.publisher.model_bytes / max(learner.publisher.models_sent, 1)
-    measured = (counts["model"][1] + counts["control"][1]) / seconds
+    # steady state: the control seen in the window, plus each subscriber's model every net.republish_s (a
+    # window shorter than that period may or may not hold one, so it is counted in at its average rate)
+    republish_s = cfg.net.republish_s
+    republished = SUBSCRIBERS * model_frame / republish_s if republish_s > 0 else 0.0
+    measured = counts["control"][1] / seconds + republished
     former = (counts["control"][0] * model_frame) / seconds  # each control message a whole model, as before
     per_control = counts["control"][1] / counts["control"][0]
     note = (f"{material.path.name} (a {model_frame / 2**20:.1f} MB model) on the CPU, throttled by "
             f"trainer.max_samples_per_insert=8 with min_samples_per_insert=8, so it grants every 50 ms while it "
             f"waits for data; {SUBSCRIBERS} actors' subscriptions (a model and a control one each) counted over "
             f"{seconds:.0f} s: {counts['model'][0]} model and {counts['control'][0]} control messages "
-            f"({per_control:.0f} bytes each) received; the baseline is the same grants each riding on the model, as "
-            f"the learner sent them before control had messages of its own")
+            f"({per_control:.0f} bytes each) received, plus {SUBSCRIBERS} models every "
+            f"net.republish_s={republish_s:g} s counted in at {republished / 2**20:.2f} MB/s; the baseline is the "
+            f"same grants each riding on the model, as the learner sent them before control had messages of its own")
     return make_row("learner_bytes_throttled", measured, former, "bytes/s", note, (">=", 100.0), inverse=True)
 
 
