@@ -6,7 +6,7 @@
 # all inside --budget-s (default 540 s, so the whole command fits 9 minutes). Writes report.txt,
 # sprint.json, summary.json, config.yaml, curve.png, tests_cuda.log and bench_cnn.json into OUTDIR
 # (the run in OUTDIR/run).
-#   launch/gpu_sprint.sh OUTDIR [--budget-s 540] [--actors N] [--config FILE] [--tests none] [--set KEY=VALUE ...]
+#   launch/gpu_sprint.sh OUTDIR [--budget-s 540] [--train-s S] [--actors N] [--config FILE] [--tests none] [--set KEY=VALUE ...]
 # Without .venv (a host with torch already installed): PYTHON=python3 launch/gpu_sprint.sh OUTDIR
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 OUTDIR [zmqrl sprint flags]" >&2; exit 2; }

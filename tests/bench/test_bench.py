@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench_rows import check_schema, check_skipped_cuda, check_verdict, positive_finite
 from zmqrl import bench
 from zmqrl.bench import feeders, harness, registry, solve
 from zmqrl.bench.data import transition_pool
@@ -33,36 +33,6 @@ from zmqrl.wire import SocketOptions, encode_control, encode_model, make_socket,
 
 REPO = Path(__file__).resolve().parents[2]
 CARTPOLE = REPO / "configs" / "cartpole_dqn.yaml"
-FIELDS = {"name", "measured", "baseline", "ratio", "goal", "met", "unit", "note"}
-
-
-def check_schema(row: dict[str, Any]) -> None:
-    """One JSON row: exactly the documented fields with the documented types."""
-    assert set(row) == FIELDS, row
-    assert isinstance(row["name"], str) and row["name"]
-    assert isinstance(row["unit"], str) and isinstance(row["note"], str)
-    for key in ("measured", "baseline", "ratio"):
-        assert row[key] is None or isinstance(row[key], (int, float)), (key, row)
-    assert row["goal"] is None or (isinstance(row["goal"], str) and row["goal"].split()[0] in (">=", "<="))
-    assert row["met"] is None or isinstance(row["met"], bool)
-    if row["goal"] is None:
-        assert row["met"] is None, row
-
-
-def check_verdict(row: dict[str, Any]) -> None:
-    """A measured row's ratio is its own figures' ratio, and ``met`` is the goal applied to that ratio."""
-    if row["measured"] is None or row["baseline"] is None:
-        assert row["ratio"] is None and row["met"] in (None, False), row
-        return
-    ratios = (row["measured"] / row["baseline"], row["baseline"] / row["measured"])
-    assert any(math.isclose(row["ratio"], r, rel_tol=1e-4) for r in ratios), row
-    if row["goal"] is not None and row["met"]:
-        op, value = row["goal"].split()
-        assert (row["ratio"] >= float(value)) if op == ">=" else (row["ratio"] <= float(value)), row
-
-
-def positive_finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 # --- command line -------------------------------------------------------------------------------
@@ -377,21 +347,20 @@ def test_envs_rows(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     """Every group in one run of the suite, less the groups whose rows tests of their own run (replay and
-    envs above, fanin in test_bench_fanin.py): one process, one work directory, rows in order."""
+    envs above, fanin in test_bench_fanin.py, cnn in test_sprint.py): one process, one work directory, rows
+    in order."""
     out = tmp_path / "bench.json"
     started = time.monotonic()
-    groups = [name for name in registry.GROUPS if name not in ("replay", "envs", "fanin")]
+    groups = [name for name in registry.GROUPS if name not in ("replay", "envs", "fanin", "cnn")]
     code = bench.main(["--smoke", "--only", ",".join(groups), "--json", str(out), "--keep", str(tmp_path / "work")])
     elapsed = time.monotonic() - started
     rows = json.loads(out.read_text())
     errors = [r for r in rows if r["note"].startswith("error:")]
     assert code == 0 and not errors, errors
     by_name = {r["name"]: r for r in rows}
-    expected = {"actor_cartpole_dqn",
-                "actor_pendulum_sac", "actor_pong_dqn", "cnn_learner_b32_cpu", "cnn_update_b32_cpu_static",
-                "cnn_replay_b256_cpu_torch", "cnn_learner_b32_cpu_torch_replay", "cnn_sum_tree_b256_cpu",
-                "transport_cartpole_1024", "transport_atari_64", "transport_cartpole_1024_direct",
-                "transport_atari_64_direct", "transport_proxy_cpu_paced", "learner_opt_steps",
+    expected = {"actor_cartpole_dqn", "actor_pendulum_sac", "actor_pong_dqn", "transport_cartpole_1024",
+                "transport_atari_64", "transport_cartpole_1024_direct", "transport_atari_64_direct",
+                "transport_proxy_cpu_paced", "learner_opt_steps",
                 "learner_opt_steps_pong", "learner_intake_pong", "learner_bytes_throttled",
                 "learner_update_cartpole_dqn", "learner_update_pendulum_sac",
                 "actor_cartpole_pomdp_dqn", "actor_cartpole_pomdp_r2d2", "actor_r2d2_vs_dqn_pomdp",
@@ -404,10 +373,7 @@ def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     for row in rows:
         check_schema(row)
         check_verdict(row)
-        if row["note"].startswith("skipped: no CUDA device here"):  # the CUDA rows, on a machine without one
-            assert "_cuda" in row["name"] and row["met"] is None, row
-            if row["name"].endswith("_cuda_graph"):  # they say so, and give this CPU's eager and static figures
-                assert "were not measured" in row["note"] and "static path" in row["note"], row
+        if check_skipped_cuda(row):
             continue
         if "_env_steps_" in row["name"] and row["measured"] is None:  # smoke runs are too short to solve
             assert "unsolved" in row["note"] and row["met"] is None, row

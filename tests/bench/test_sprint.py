@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench_rows import check_schema, check_skipped_cuda, check_verdict, positive_finite
 from zmqrl.bench.sprint import actor_rates
 
 REPO = Path(__file__).resolve().parents[2]
 CATCH = REPO / "configs" / "catch_dqn.yaml"
+TRAIN_S = 25.0  # of training, enough for updates, evaluations and the wire's figures
 BUDGET_S = 130.0  # tests ~8 s (all skipped here) of their 0.15, the bench ~35 s on 2 busy cores of its 0.35
 
 
@@ -34,7 +36,7 @@ def sprint(out: Path, *args: str, timeout: float = 300.0) -> subprocess.Complete
 def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> None:
     out = tmp_path / "sprint"
     done = sprint(out, "--config", str(CATCH), "--budget-s", str(BUDGET_S), "--actors", "1", "--device", "cpu",
-                  "--bench", "smoke", "--set", "trainer.stop_return=null")
+                  "--bench", "smoke", "--train-s", str(TRAIN_S), "--set", "trainer.stop_return=null")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for name in ("report.txt", "sprint.json", "summary.json", "config.yaml", "curve.png", "bench_cnn.json",
                  "tests_cuda.log"):
@@ -44,13 +46,20 @@ def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> 
     assert found["elapsed_s"] <= BUDGET_S, found["elapsed_s"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stop_reason"] == f"reached max_seconds={found['train_seconds']:.1f}"
+    assert found["train_seconds"] == TRAIN_S  # (the budget left more)
     assert summary["opt_steps"] > 0 and summary["env_steps"] > 0 and summary["evals"]
     ran = yaml.safe_load((out / "config.yaml").read_text())
     assert ran["run"]["device"] == "cpu"
     assert ran["trainer"]["max_seconds"] == pytest.approx(found["train_seconds"], abs=1)
     assert found["actors"]["actors"] == 1 and found["actors"]["env_steps_per_s_per_actor"] > 0
     assert 6000 < found["actors"]["wire_bytes_per_transition"] < 30000  # two 84x84 frames, and headers
-    names = [row["name"] for row in json.loads((out / "bench_cnn.json").read_text())]
+    rows = json.loads((out / "bench_cnn.json").read_text())  # (the bench's one smoke run of the cnn group)
+    for row in rows:
+        check_schema(row)
+        check_verdict(row)
+        if not check_skipped_cuda(row):
+            assert positive_finite(row["ratio"]) and positive_finite(row["measured"]), row
+    names = [row["name"] for row in rows]
     batches = (32, 256, 512)
     assert names == ["cnn_learner_b32_cpu", "cnn_update_b32_cpu_static",
                      *[f"cnn_replay_b{b}_cpu_torch" for b in batches], "cnn_learner_b32_cpu_torch_replay",
@@ -76,6 +85,9 @@ def test_sprint_on_catch_writes_every_file_inside_its_budget(tmp_path: Path) -> 
 def test_sprint_refuses_a_bad_key_before_running_anything(tmp_path: Path) -> None:
     done = sprint(tmp_path / "o", "--config", str(CATCH), "--set", "agent.nope=1", timeout=120)
     assert done.returncode == 2 and "agent.nope" in done.stderr
+    assert not (tmp_path / "o" / "run").exists()
+    done = sprint(tmp_path / "o", "--config", str(CATCH), "--train-s", "0", timeout=120)
+    assert done.returncode == 2 and "--train-s must be positive" in done.stderr
     assert not (tmp_path / "o" / "run").exists()
 
 

@@ -14,7 +14,7 @@ In order, all inside ``--budget-s`` (default 540 s, so the whole command fits 9 
    ``bench_cnn.json``, within ``BENCH_SHARE`` of the budget;
 4. ``zmqrl local`` with the sprint's config (``configs/pong_dqn_gpu.yaml``: Pong, the learner and
    its replay on the GPU) and cores − 2 actors, for whatever wall time is left less a reserve for stopping and
-   reporting (``trainer.max_seconds``); its run directory is ``OUTDIR/run``;
+   reporting, or ``--train-s`` if less (``trainer.max_seconds``); its run directory is ``OUTDIR/run``;
 5. ``OUTDIR/summary.json`` (the run's), ``config.yaml`` (what ran), ``curve.png`` (``zmqrl plot``),
    ``sprint.json`` (everything the report says, as numbers) and ``report.txt``, the one-screen
    report that is also printed: evaluations, updates/s in the job and alone (the bench's row at
@@ -70,6 +70,7 @@ class Sprint:
     device: str
     bench: str  # quick, smoke or none
     tests: str = "cuda"  # cuda (the CUDA tests: captured updates, replay on the GPU) or none
+    train_s: float | None = None  # at most this many seconds of training (None: what the budget leaves)
     overrides: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     found: dict[str, Any] = field(default_factory=dict)
@@ -151,7 +152,10 @@ def bench_rows(s: Sprint) -> list[dict[str, Any]]:
 def train(s: Sprint) -> tuple[int | None, float]:
     """``zmqrl local`` for the time left; returns its exit code (None: stopped by the sprint) and its max_seconds."""
     run_dir = s.out / "run"
-    seconds = float(round(max(MIN_RUN_S, s.left_s() - STOP_RESERVE_S)))  # whole seconds: the value the run gets
+    seconds = max(MIN_RUN_S, s.left_s() - STOP_RESERVE_S)
+    if s.train_s is not None:
+        seconds = min(seconds, s.train_s)
+    seconds = float(round(seconds))  # whole seconds: the value the run gets
     sets = [f"run.device={s.device}", f"trainer.max_seconds={seconds:.0f}", *s.overrides]
     argv = zmqrl_argv("local", str(s.config), "--actors", str(s.actors), "--run-dir", str(run_dir),
                       *[a for kv in sets for a in ("--set", kv)])
@@ -332,6 +336,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the cnn bench group's length (default quick; smoke for a plumbing check)")
     p.add_argument("--tests", choices=("cuda", "none"), default="cuda",
                    help="cuda: first run the CUDA tests (captured updates, replay on the GPU: -k test_cuda_)")
+    p.add_argument("--train-s", type=float,
+                   help="at most this many seconds of training (default: what the budget leaves; a check of a host)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable)")
 
@@ -342,9 +348,12 @@ def cmd_sprint(args: argparse.Namespace) -> int:
     if not config.is_file():
         print(f"zmqrl sprint: --config: no config file {args.config}", file=sys.stderr)
         return 2
+    if args.train_s is not None and args.train_s <= 0:
+        print(f"zmqrl sprint: --train-s must be positive, not {args.train_s:g}", file=sys.stderr)
+        return 2
     cores = len(os.sched_getaffinity(0))
     actors = args.actors if args.actors is not None else max(1, cores - 2)
     sprint = Sprint(out=Path(args.out), config=config.resolve(), budget_s=args.budget_s, actors=actors,
                     device=args.device or default_device(), bench=args.bench, tests=args.tests,
-                    overrides=list(args.overrides))
+                    train_s=args.train_s, overrides=list(args.overrides))
     return run_sprint(sprint)
