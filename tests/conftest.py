@@ -14,6 +14,7 @@ import torch
 import zmq
 
 from procs import Procs
+from tiers import heavy_first, read_durations
 from zmqrl import config
 from zmqrl.config import Config
 
@@ -35,17 +36,25 @@ SHARED = {"multihost": "netns", "slurm": "slurm"}  # marks of tests that share o
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without ``--all-seeds`` (or ``-m`` naming ``allseeds``) the extra seeds and controls of learning tests
     (``tiers.seeds``, the ``allseeds`` mark) are deselected; the tests
-    of one shared resource run on one worker (``-n 2 --dist loadgroup``, the default)."""
+    of one shared resource run on one worker (``-n 2 --dist loadgroup``, the default); the longest go first
+    (``tiers.heavy_first``, from ``tests/durations.json``)."""
     for item in items:
         for mark, group in SHARED.items():
             if item.get_closest_marker(mark) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
+    heavy_first(items, _unit_of, read_durations())
     if config.getoption("--all-seeds") or "allseeds" in (config.getoption("markexpr") or ""):
         return
     extra = [item for item in items if item.get_closest_marker("allseeds") is not None]
     if extra:
         config.hook.pytest_deselected(items=extra)
         items[:] = [item for item in items if item.get_closest_marker("allseeds") is None]
+
+
+def _unit_of(item: pytest.Item) -> str:
+    """What one worker runs as one unit: the tests of an ``xdist_group`` together, any other test alone."""
+    group = item.get_closest_marker("xdist_group")
+    return f"group:{group.args[0]}" if group is not None and group.args else item.nodeid
 
 
 @pytest.fixture

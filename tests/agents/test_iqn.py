@@ -22,7 +22,7 @@ import yaml
 
 from procs import REPO, Procs, log_tail, zmqrl_argv
 from rigs import perturb_target
-from tiers import seeds
+from tiers import nightly, seeds
 from zmqrl import cli
 from zmqrl import config as config_mod
 from zmqrl.agents.base import algorithm
@@ -496,6 +496,8 @@ def first_solved(summary: dict) -> dict | None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@nightly("IQN learning in `zmqrl train`: tests/system/test_learning_images.py::test_train_learns_catch_from_pixels"
+         "[catch_iqn]; IQN solving CartPole: test_local_solves_cartpole below")
 @pytest.mark.parametrize("seed", seeds(0, 1, 2))
 def test_train_solves_cartpole(tmp_path: Path, procs: Procs, seed: int) -> None:
     run_dir = tmp_path / "run"

@@ -90,6 +90,10 @@ class MlflowServer:
             self.kill()
 
 
+# the tests on the module's server run on one worker, so that it starts once (16-25 s) in a run of the suite
+ONE_SERVER = pytest.mark.xdist_group("mlflow-server")
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
@@ -166,6 +170,7 @@ def wandb_fan(run_dir: Path, params: dict[str, Any], tags: dict[str, str]) -> Fa
 
 # --- MLflow ------------------------------------------------------------------------------------
 @pytest.mark.slow
+@ONE_SERVER
 @pytest.mark.timeout(300)
 def test_mlflow_records_read_back(mlflow_server: MlflowServer, tmp_path: Path,
                                   cartpole_cfg: Callable[..., Config]) -> None:
@@ -226,6 +231,7 @@ def test_mlflow_records_read_back(mlflow_server: MlflowServer, tmp_path: Path,
 
 
 @pytest.mark.slow
+@ONE_SERVER
 @pytest.mark.timeout(300)
 def test_mlflow_resumed_run_continues(mlflow_server: MlflowServer, tmp_path: Path,
                                       caplog: pytest.LogCaptureFixture) -> None:
@@ -642,6 +648,7 @@ def test_background_sends_in_order_in_batches_within_limits() -> None:
 
 
 @pytest.mark.slow
+@ONE_SERVER
 @pytest.mark.timeout(400)
 def test_a_training_run_records_to_every_tracker(mlflow_server: MlflowServer, tmp_path: Path,
                                                  cartpole_cfg: Callable[..., Config]) -> None:

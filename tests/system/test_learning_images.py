@@ -2,7 +2,8 @@
 the env through the wire and replay into the Nature CNN) in ``zmqrl local`` and ``zmqrl train``.
 
 A random policy scores about -0.7; the configs stop at a greedy mean of 0.8 over 10 episodes
-(at least 9 balls of 10 caught). On this machine each run takes about a minute.
+(at least 9 balls of 10 caught). On this machine each run takes one to three minutes; the whole
+suite runs two of the four (see ``LOCAL_CONFIGS``), ``--all-seeds`` all of them.
 """
 
 from __future__ import annotations
@@ -13,9 +14,18 @@ from pathlib import Path
 import pytest
 
 from procs import REPO, Procs, log_tail, zmqrl_argv
+from tiers import nightly
 from zmqrl.run.rundir import read_json
 
-CATCH_CONFIGS = [str(REPO / "configs" / f"catch_{algo}.yaml") for algo in ("dqn", "iqn")]
+CATCH_DQN, CATCH_IQN = (str(REPO / "configs" / f"catch_{algo}.yaml") for algo in ("dqn", "iqn"))
+# The whole suite runs each algorithm from pixels in one mode, each mode from pixels with one algorithm
+# (the other two runs are nightly): DQN through `zmqrl local`, IQN through `zmqrl train`.
+LOCAL_CONFIGS = [CATCH_DQN, pytest.param(CATCH_IQN, marks=nightly(
+    "IQN from pixels: test_train_learns_catch_from_pixels[catch_iqn]; IQN distributed: "
+    "tests/agents/test_iqn.py::test_local_solves_cartpole; pixels distributed: [catch_dqn] here"))]
+TRAIN_CONFIGS = [pytest.param(CATCH_DQN, marks=nightly(
+    "DQN from pixels: test_local_learns_catch_from_pixels[catch_dqn]; DQN in `zmqrl train`: "
+    "tests/run/test_train.py::test_cartpole_learns; pixels in `zmqrl train`: [catch_iqn] here")), CATCH_IQN]
 
 
 def _run(tmp_path: Path, procs: Procs, config: str, role_args: list[str], seed: int) -> dict:
@@ -39,7 +49,7 @@ def _run(tmp_path: Path, procs: Procs, config: str, role_args: list[str], seed: 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("config", CATCH_CONFIGS, ids=lambda c: Path(c).stem)
+@pytest.mark.parametrize("config", LOCAL_CONFIGS, ids=lambda c: Path(c).stem)
 def test_local_learns_catch_from_pixels(tmp_path: Path, procs: Procs, config: str) -> None:
     summary = _run(tmp_path, procs, config, ["local", "--actors", "2"], seed=0)
     assert summary["messages"]["rejected_total"] == 0 and summary["messages"]["batches_lost"] == 0
@@ -50,7 +60,7 @@ def test_local_learns_catch_from_pixels(tmp_path: Path, procs: Procs, config: st
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("config", CATCH_CONFIGS, ids=lambda c: Path(c).stem)
+@pytest.mark.parametrize("config", TRAIN_CONFIGS, ids=lambda c: Path(c).stem)
 def test_train_learns_catch_from_pixels(tmp_path: Path, procs: Procs, config: str) -> None:
     summary = _run(tmp_path, procs, config, ["train"], seed=1)
     assert summary["solved"]["env_steps"] == summary["env_steps"]  # stopped at the evaluation that solved it
