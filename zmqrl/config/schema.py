@@ -156,7 +156,7 @@ class NetConfig:
     heartbeat_ms: int = 500  # ZeroMQ heartbeat interval on model and evaluation links
     heartbeat_timeout_ms: int = 2000  # peer considered gone after this silence
     data_keepalive_s: int = 60  # data links (no heartbeats) drop a silent peer after about this many seconds
-    republish_s: float = 10.0  # the learner sends its model again this often (a role also asks for one it missed)
+    republish_s: float = 30.0  # the learner sends its model again this often (a role also asks for one it missed)
     stats_interval_s: float = 2.0  # roles report counters this often
     peer_wait_s: float = 0.0  # give up waiting for a peer after this; 0 waits forever
     max_peers: int = 1024  # senders a learner or proxy keeps counters for; newcomers beyond are refused and counted
