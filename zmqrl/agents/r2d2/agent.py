@@ -27,11 +27,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from zmqrl.agents.base import epsilon_greedy
 from zmqrl.agents.qtarget import TargetQAgent
 from zmqrl.agents.r2d2.config import R2D2Config
 from zmqrl.agents.r2d2.networks import R2D2Network, State, build_r2d2_network
-from zmqrl.agents.r2d2.numpy_policy import NOT_FEED_FORWARD, local_priorities
+from zmqrl.agents.r2d2.numpy_policy import RecurrentActing, local_priorities
 from zmqrl.agents.r2d2.sequences import Layout, sequence_targets
 from zmqrl.agents.torch_util import PendingStep, clip_gradients, load_module_params, module_params, nonfinite
 
@@ -50,7 +49,7 @@ def inverse_rescale(y: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.sign(y) * (root * root - 1.0)
 
 
-class R2D2Policy:
+class R2D2Policy(RecurrentActing):
     """Epsilon-greedy acting over the recurrent Q-network, a state per env (:class:`~zmqrl.core.RecurrentPolicy`)."""
 
     def __init__(self, cfg: R2D2Config, layout: Layout, obs_space: gym.spaces.Space,
@@ -86,27 +85,6 @@ class R2D2Policy:
         state = tuple(self._tensor(np.asarray(s, dtype=np.float32)) for s in (state_h, state_c))
         q, _ = self.q(self._tensor(obs), state, hold)  # type: ignore[arg-type]
         return q.cpu().numpy()  # type: ignore[no-any-return]
-
-    def initial_state(self, n: int) -> np.ndarray:
-        """The state of ``n`` envs at an episode's start: zeros ``(n, 2, lstm_size)`` float32."""
-        return np.zeros((n, 2, self.lstm_size), dtype=np.float32)
-
-    def act_recurrent(self, obs: np.ndarray, explore: float | np.ndarray, state: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray]:
-        """Epsilon-greedy actions (``explore`` is epsilon, a scalar or one per row) and the next state."""
-        q, state = self.step(obs, state)
-        return epsilon_greedy(q.argmax(axis=1), explore, self.rng, self.num_actions), state
-
-    def greedy_recurrent(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Greedy actions and the next state."""
-        q, state = self.step(obs, state)
-        return q.argmax(axis=1), state
-
-    def act(self, obs: np.ndarray, explore: Any) -> np.ndarray:
-        raise TypeError(NOT_FEED_FORWARD)
-
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        raise TypeError(NOT_FEED_FORWARD)
 
     def params(self) -> dict[str, np.ndarray]:
         """The network's parameters as named, contiguous CPU arrays."""

@@ -85,7 +85,41 @@ def local_priorities(q: np.ndarray, batch: Mapping[str, np.ndarray], layout: Lay
     return sequence_priorities(td, targets.trainable, cfg.priority_eta)
 
 
-class NumpyR2D2Policy:
+class RecurrentActing:
+    """The acting side of a recurrent policy (``RecurrentPolicy``) over its ``step(obs, state) -> (q, state)``:
+    one state per env, epsilon-greedy or greedy actions; the feed-forward calls refuse. Shared by the
+    numpy policy and the torch one."""
+
+    lstm_size: int
+    num_actions: int
+    rng: np.random.Generator
+
+    def step(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def initial_state(self, n: int) -> np.ndarray:
+        """The state of ``n`` envs at an episode's start: zeros ``(n, 2, lstm_size)`` float32."""
+        return np.zeros((n, 2, self.lstm_size), dtype=np.float32)
+
+    def act_recurrent(self, obs: np.ndarray, explore: float | np.ndarray, state: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Epsilon-greedy actions (``explore`` is epsilon, a scalar or one per row) and the next state."""
+        q, state = self.step(obs, state)
+        return epsilon_greedy(q.argmax(axis=1), explore, self.rng, self.num_actions), state
+
+    def greedy_recurrent(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Greedy actions and the next state."""
+        q, state = self.step(obs, state)
+        return q.argmax(axis=1), state
+
+    def act(self, obs: np.ndarray, explore: Any) -> np.ndarray:
+        raise TypeError(NOT_FEED_FORWARD)
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        raise TypeError(NOT_FEED_FORWARD)
+
+
+class NumpyR2D2Policy(RecurrentActing):
     """Epsilon-greedy acting over the MLP + LSTM network with a state per env (:class:`~zmqrl.core.RecurrentPolicy`)."""
 
     def __init__(self, cfg: R2D2Config, layout: Layout, obs_space: gym.spaces.Space,
@@ -170,28 +204,6 @@ class NumpyR2D2Policy:
             h, c = h_t, c_t
             out[:, t] = h
         return self.head(out.reshape(n * steps, -1)).reshape(n, steps, -1)
-
-    # --- RecurrentPolicy ---------------------------------------------------------------------
-    def initial_state(self, n: int) -> np.ndarray:
-        """The state of ``n`` envs at an episode's start: zeros ``(n, 2, lstm_size)`` float32."""
-        return np.zeros((n, 2, self.lstm_size), dtype=np.float32)
-
-    def act_recurrent(self, obs: np.ndarray, explore: float | np.ndarray, state: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray]:
-        """Epsilon-greedy actions (``explore`` is epsilon, a scalar or one per row) and the next state."""
-        q, state = self.step(obs, state)
-        return epsilon_greedy(q.argmax(axis=1), explore, self.rng, self.num_actions), state
-
-    def greedy_recurrent(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Greedy actions and the next state."""
-        q, state = self.step(obs, state)
-        return q.argmax(axis=1), state
-
-    def act(self, obs: np.ndarray, explore: Any) -> np.ndarray:
-        raise TypeError(NOT_FEED_FORWARD)
-
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        raise TypeError(NOT_FEED_FORWARD)
 
     def priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """Initial priorities of sequence items, this network standing in for the target (:func:`local_priorities`)."""
