@@ -30,13 +30,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also run the learning tests' extra seeds (marked allseeds): the nightly tier")
 
 
-SHARED = {"multihost": "netns", "slurm": "slurm"}  # marks of tests that share one resource: one worker runs them
+SHARED = {"multihost": "netns", "slurm": "slurm"}  # marks of tests that share one resource: for one worker
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without ``--all-seeds`` (or ``-m`` naming ``allseeds``) the extra seeds and controls of learning tests
     (``tiers.seeds``, the ``allseeds`` mark) are deselected; the tests
-    of one shared resource run on one worker (``-n 2 --dist loadgroup``, the default); the longest go first
+    of one shared resource are marked to run on one worker (``xdist_group``; see docs/development.md on
+    whether the installed pytest-xdist honours it); the longest go first
     (``tiers.heavy_first``, from ``tests/durations.json``)."""
     for item in items:
         for mark, group in SHARED.items():

@@ -496,8 +496,9 @@ def first_solved(summary: dict) -> dict | None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@nightly("IQN learning in `zmqrl train`: tests/system/test_learning_images.py::test_train_learns_catch_from_pixels"
-         "[catch_iqn]; IQN solving CartPole: test_local_solves_cartpole below")
+@nightly("IQN solving CartPole: test_local_solves_cartpole below; `zmqrl train` learning: "
+         "tests/run/test_train.py::test_cartpole_learns and tests/system/test_learning_images.py::"
+         "test_train_learns_catch_from_pixels[catch_dqn]")
 @pytest.mark.parametrize("seed", seeds(0, 1, 2))
 def test_train_solves_cartpole(tmp_path: Path, procs: Procs, seed: int) -> None:
     run_dir = tmp_path / "run"

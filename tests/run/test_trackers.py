@@ -90,16 +90,26 @@ class MlflowServer:
             self.kill()
 
 
-# the tests on the module's server run on one worker, so that it starts once (16-25 s) in a run of the suite
+# the tests on the module's server, to run on one worker so that it starts once (16-25 s) in a run of the suite
+# (pytest-xdist 3.8 with pytest 9.2 does not keep an xdist_group on one worker: each worker starts its own)
 ONE_SERVER = pytest.mark.xdist_group("mlflow-server")
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+def module_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
     print(f"mlflow server ready in {server.start_s:.1f} s")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def mlflow_server(module_mlflow_server: MlflowServer) -> MlflowServer:
+    """The module's server, started again on its address if a test before this one left it down (the
+    server-gone test, last in the module, kills it)."""
+    if module_mlflow_server.proc is None or module_mlflow_server.proc.poll() is not None:
+        module_mlflow_server.start()
+    return module_mlflow_server
 
 
 @pytest.fixture(autouse=True)
@@ -256,75 +266,6 @@ def test_mlflow_resumed_run_continues(mlflow_server: MlflowServer, tmp_path: Pat
     assert [(m.step, m.value) for m in client.get_metric_history(first, "train/loss")] == [(50, 1.0), (150, 0.5)]
     assert any("keep the old ones: trainer.max_opts" in r.getMessage() for r in caplog.records)
     assert any(f"continuing run {first}" in r.getMessage() for r in caplog.records)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_mlflow_server_gone_never_stops_training(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Kill the server mid-run: calls stay prompt, the failure is logged once, the queue stays bounded;
-    a server back on the same address gets what was held; close is bounded either way."""
-    from mlflow import MlflowClient
-
-    caplog.set_level(logging.INFO, logger="zmqrl")
-    server = MlflowServer(tmp_path / "server").start()
-    try:
-        run_dir = make_run_dir(tmp_path)
-        opener_calls = []
-
-        def opener() -> MLflowRecorder:
-            opener_calls.append(1)
-            return MLflowRecorder(run_dir, {"agent.lr": 0.1}, {"zmqrl.algo": "dqn"}, tracking_uri=server.url,
-                                  experiment="gone", run_name=run_dir.name)
-
-        bg = Background("mlflow", opener, queue_size=50, backoff_s=(0.2, 1.0), close_timeout_s=5.0,
-                        transient=MLflowRecorder.transient)
-        fan = FanOut([bg])
-        for step in range(5):
-            fan.scalars(step, values_at(step))
-        wait_for(lambda: bg.stats.sent == 5, 120, "the first scalars sent")
-
-        server.kill()
-        worst = 0.0
-        t_all = time.monotonic()
-        for step in range(5, 205):  # 200 calls while the server is gone
-            t0 = time.perf_counter()
-            fan.scalars(step, values_at(step))
-            worst = max(worst, time.perf_counter() - t0)
-        elapsed = time.monotonic() - t_all
-        assert worst < 0.05 and elapsed < 1.0, (worst, elapsed)
-        wait_for(lambda: any("mlflow: scalars failed" in r.getMessage() for r in caplog.records), 30,
-                 "the failure logged")
-        wait_for(lambda: bg.stats.failures >= 3, 30, "retries with backoff")
-        failure_lines = [r for r in caplog.records if "mlflow: scalars failed" in r.getMessage()]
-        assert len(failure_lines) == 1, [r.getMessage() for r in failure_lines]  # the rest within the interval
-        assert failure_lines[0].levelno == logging.WARNING and "retrying in" in failure_lines[0].getMessage()
-        snap = bg.snapshot()
-        assert snap["pending"] <= 50 and snap["dropped"] >= 150 - 1, snap  # bounded, oldest dropped, counted
-        assert fan.stats()["mlflow"]["errors"] == 0  # FanOut saw nothing: Background never raises
-
-        # the same server comes back: what the queue held goes through, in order, at its steps
-        server.start()
-        wait_for(lambda: bg.stats.sent + bg.stats.dropped == bg.stats.enqueued, 120,
-                 "the held scalars sent after the restart")
-        assert any("mlflow: working again" in r.getMessage() for r in caplog.records)
-        client = MlflowClient(server.url)
-        state = json.loads((run_dir / "trackers.json").read_text())["mlflow"]
-        steps = [m.step for m in client.get_metric_history(state["run_id"], "train/m00")]
-        kept = sorted(steps)
-        assert kept[:5] == [0, 1, 2, 3, 4] and kept[-1] == 204
-        assert len(kept) == 5 + (200 - bg.stats.dropped), (len(kept), bg.stats.dropped)
-        assert len(opener_calls) == 1
-
-        # gone again, for good: close returns within its timeout and says what was not sent
-        server.kill()
-        for step in range(205, 215):
-            fan.scalars(step, values_at(step))
-        t0 = time.monotonic()
-        fan.close()
-        assert time.monotonic() - t0 < 5.0 + 2.0
-        assert any("gave up after 5 s at close" in r.getMessage() for r in caplog.records)
-    finally:
-        server.stop()
 
 
 @pytest.mark.timeout(120)
@@ -688,3 +629,75 @@ def test_a_training_run_records_to_every_tracker(mlflow_server: MlflowServer, tm
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("eval/return_mean")] == [(s, pytest.approx(v)) for s, v in evals]
+
+
+@pytest.mark.slow
+@ONE_SERVER
+@pytest.mark.timeout(400)
+def test_mlflow_server_gone_never_stops_training(mlflow_server: MlflowServer, tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Kill the server mid-run: calls stay prompt, the failure is logged once, the queue stays bounded;
+    a server back on the same address gets what was held; close is bounded either way. (The module's
+    server, killed for good at the end: this test is the module's last that uses it.)"""
+    from mlflow import MlflowClient
+
+    caplog.set_level(logging.INFO, logger="zmqrl")
+    server = mlflow_server
+    try:
+        run_dir = make_run_dir(tmp_path)
+        opener_calls = []
+
+        def opener() -> MLflowRecorder:
+            opener_calls.append(1)
+            return MLflowRecorder(run_dir, {"agent.lr": 0.1}, {"zmqrl.algo": "dqn"}, tracking_uri=server.url,
+                                  experiment="gone", run_name=run_dir.name)
+
+        bg = Background("mlflow", opener, queue_size=50, backoff_s=(0.2, 1.0), close_timeout_s=5.0,
+                        transient=MLflowRecorder.transient)
+        fan = FanOut([bg])
+        for step in range(5):
+            fan.scalars(step, values_at(step))
+        wait_for(lambda: bg.stats.sent == 5, 120, "the first scalars sent")
+
+        server.kill()
+        worst = 0.0
+        t_all = time.monotonic()
+        for step in range(5, 205):  # 200 calls while the server is gone
+            t0 = time.perf_counter()
+            fan.scalars(step, values_at(step))
+            worst = max(worst, time.perf_counter() - t0)
+        elapsed = time.monotonic() - t_all
+        assert worst < 0.05 and elapsed < 1.0, (worst, elapsed)
+        wait_for(lambda: any("mlflow: scalars failed" in r.getMessage() for r in caplog.records), 30,
+                 "the failure logged")
+        wait_for(lambda: bg.stats.failures >= 3, 30, "retries with backoff")
+        failure_lines = [r for r in caplog.records if "mlflow: scalars failed" in r.getMessage()]
+        assert len(failure_lines) == 1, [r.getMessage() for r in failure_lines]  # the rest within the interval
+        assert failure_lines[0].levelno == logging.WARNING and "retrying in" in failure_lines[0].getMessage()
+        snap = bg.snapshot()
+        assert snap["pending"] <= 50 and snap["dropped"] >= 150 - 1, snap  # bounded, oldest dropped, counted
+        assert fan.stats()["mlflow"]["errors"] == 0  # FanOut saw nothing: Background never raises
+
+        # the same server comes back: what the queue held goes through, in order, at its steps
+        server.start()
+        wait_for(lambda: bg.stats.sent + bg.stats.dropped == bg.stats.enqueued, 120,
+                 "the held scalars sent after the restart")
+        assert any("mlflow: working again" in r.getMessage() for r in caplog.records)
+        client = MlflowClient(server.url)
+        state = json.loads((run_dir / "trackers.json").read_text())["mlflow"]
+        steps = [m.step for m in client.get_metric_history(state["run_id"], "train/m00")]
+        kept = sorted(steps)
+        assert kept[:5] == [0, 1, 2, 3, 4] and kept[-1] == 204
+        assert len(kept) == 5 + (200 - bg.stats.dropped), (len(kept), bg.stats.dropped)
+        assert len(opener_calls) == 1
+
+        # gone again, for good: close returns within its timeout and says what was not sent
+        server.kill()
+        for step in range(205, 215):
+            fan.scalars(step, values_at(step))
+        t0 = time.monotonic()
+        fan.close()
+        assert time.monotonic() - t0 < 5.0 + 2.0
+        assert any("gave up after 5 s at close" in r.getMessage() for r in caplog.records)
+    finally:
+        server.stop()  # (the module's server: the fixture starts it again for a test that comes later)

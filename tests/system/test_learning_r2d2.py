@@ -88,7 +88,7 @@ def test_the_feed_forward_control_stays_far_below(tmp_path: Path, procs: Procs) 
 def test_pong_r2d2_runs_end_to_end_with_each_frame_once(tmp_path: Path, procs: Procs) -> None:
     """The shipped Pong config, made small enough for 2 cores: sequence items of 4-frame stacks reach
     replay through the wire with each frame once, updates happen, the evaluator plays, all stop cleanly."""
-    small = ["run.device=cpu", "trainer.max_seconds=25", "trainer.warmup=8", "agent.batch_size=4", "env.num_envs=4",
+    small = ["run.device=cpu", "trainer.max_seconds=45", "trainer.warmup=8", "agent.batch_size=4", "env.num_envs=4",
              "actor.n_buffer=4", "replay.capacity=400", "trainer.min_samples_per_insert=0", "trainer.sync_interval=2",
              "trainer.eval_interval=2", "trainer.eval_episodes=1", "env.max_episode_steps=100"]
     summary, _, logs = run_local(tmp_path, procs, PONG_YAML, small, 360)
