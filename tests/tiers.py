@@ -21,8 +21,8 @@ def seeds(first: int, *more: int) -> list[Any]:
 
 def nightly(covered_by: str) -> pytest.MarkDecorator:
     """A learning run left to the nightly tier (``--all-seeds``) because another test of the whole suite
-    proves what it proves; ``covered_by`` names that test (and it shows in ``pytest --markers`` output
-    of the item, ``item.get_closest_marker("allseeds").kwargs``)."""
+    proves what it proves; ``covered_by`` names that test (kept on the mark:
+    ``item.get_closest_marker("allseeds").kwargs["covered_by"]``)."""
     return pytest.mark.allseeds(covered_by=covered_by)
 
 
