@@ -20,8 +20,8 @@ tensor, copied back to the host without waiting when the batch is drawn.
 One code path serves every torch device. On CUDA, host arrays cross through page-locked memory allocated for
 each copy and sent without blocking (torch's caching host allocator hands that memory out again only once
 the copy has completed), so an insert or a sample never waits for the step the device is running; on the CPU
-tensors share the arrays' memory. Nothing here reads a device value on the host: no ``.item()``, no shapes that
-depend on data (``unique``, ``nonzero``, boolean masks).
+tensors share the (writable) arrays' memory. Nothing here reads a device value on the host: no ``.item()``, no
+shapes that depend on data (``unique``, ``nonzero``, boolean masks).
 
 This is the only module of :mod:`zmqrl.replay` that imports torch, and only the learner's start-up
 (:func:`zmqrl.run.startup.make_replay_from`, shared with ``zmqrl train``) imports it. Its writes come from the
@@ -61,7 +61,8 @@ def _torch_dtype(dtype: np.dtype, key: str = "") -> torch.dtype:
 
 class Uploads:
     """Host arrays to tensors on ``device``: on CUDA through page-locked memory allocated per copy and a
-    non-blocking copy (nothing waits for the device); elsewhere tensors that share the arrays' memory."""
+    non-blocking copy (nothing waits for the device); elsewhere tensors that share the arrays' memory where
+    the arrays are writable."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -69,8 +70,8 @@ class Uploads:
 
     def __call__(self, array: np.ndarray) -> torch.Tensor:
         array = np.ascontiguousarray(array)
-        if not self.cuda:
-            return torch.from_numpy(array).to(self.device)
+        if not self.cuda:  # (torch tensors are writable: a read-only array, a received message's, is copied)
+            return torch.from_numpy(array if array.flags.writeable else array.copy()).to(self.device)
         host = torch.empty(array.shape, dtype=_torch_dtype(array.dtype), pin_memory=True)
         host.numpy()[...] = array
         return host.to(self.device, non_blocking=True)
