@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One learner machine and any number of actor machines, by hand: run the part for each machine on
 # that machine. `zmqrl head` and `zmqrl host` supervise their roles (a role that dies is restarted).
-# Ports come from the config's net section: hosts reach the learner on net.data_port (5555) and
-# net.model_port (5556); net.eval_port (5558) stays on the learner machine; each host's proxy
-# listens on its own loopback. Run directory: ZMQRL_RUN_DIR (default runs/multihost).
+# Ports come from the config's net section: hosts reach the learner on net.data_port (5555),
+# net.model_port (5556) and net.snapshot_port (5559); net.eval_port (5558) stays on the learner
+# machine; each host's proxy listens on its own loopback and relays models to its actors. Run directory: ZMQRL_RUN_DIR (default runs/multihost).
 #
 #   learner machine:   launch/multihost_example.sh head [--set key=value ...]
 #   actor machine i:   LEARNER=10.0.0.1 ACTORS=4 FIRST_ID=$((4 * i)) TOTAL_ACTORS=8 launch/multihost_example.sh host

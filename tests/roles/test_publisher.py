@@ -1,6 +1,7 @@
-"""The learner's publisher: a model goes out only with a new version, to new subscribers and on the
-slow republish; control (pause, allowance and grant, quota, done) goes in messages of its own, a
-few hundred bytes each, and never brings a model with it. A real XPUB, real subscribers."""
+"""The learner's publisher: a model goes out only with a new version and on the slow republish, never
+for a subscriber that joins (it asks the snapshot ROUTER, and the reply goes to it alone); control
+(pause, allowance and grant, quota, done) goes in messages of its own, a few hundred bytes each, and
+never brings a model with it. A real XPUB, a real ROUTER, real subscribers."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import zmq
 
 from zmqrl.roles.publisher import ControlState, Publisher
 from zmqrl.roles.ratelimit import Allowances
+from zmqrl.roles.snapshots import SnapshotServer
 from zmqrl.wire import (
     CONTROL,
     CONTROL_TOPIC,
     MODEL,
-    MODEL_SUBSCRIPTION,
     MODEL_TOPIC,
+    SNAPSHOT,
     Limits,
     Message,
     SocketOptions,
@@ -28,7 +30,9 @@ from zmqrl.wire import (
     encode,
     encode_control,
     encode_model,
+    encode_snapshot_request,
     make_socket,
+    send_frames,
 )
 from zmqrl.wire.codec import pack
 
@@ -69,19 +73,48 @@ class Listener:
 
 @pytest.fixture
 def publisher(zctx: zmq.Context, request: pytest.FixtureRequest) -> Iterator[tuple[Publisher, str]]:
-    """A publisher on a real XPUB (``republish_s`` from the test's ``republish`` mark, else 30 s)."""
+    """A publisher on a real XPUB and snapshot ROUTER (``republish_s`` from the test's ``republish`` mark,
+    else 30 s; the snapshot bucket's burst from its ``burst`` mark, else 16); the ROUTER's address is
+    ``pub.snapshot_address``."""
     mark = request.node.get_closest_marker("republish")
+    burst = request.node.get_closest_marker("burst")
+    republish_s = mark.args[0] if mark else 30.0
     sock = make_socket(zctx, zmq.XPUB, SocketOptions.pub(sndhwm=1000), bind="tcp://127.0.0.1:0")
     sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+    router = make_socket(zctx, zmq.ROUTER, SocketOptions.snapshot_server(), bind="tcp://127.0.0.1:0")
     address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    snapshots = SnapshotServer(router, "learner", republish_s, burst=burst.args[0] if burst else 16)
     pub = Publisher(sock, "inc-L", "digest-of-the-task", Allowances(16, 600.0, unstamped=0),
-                    republish_s=mark.args[0] if mark else 30.0)
+                    republish_s=republish_s, snapshots=snapshots)
+    pub.snapshot_address = router.getsockopt_string(zmq.LAST_ENDPOINT)  # type: ignore[attr-defined]
     pub.start()
     try:
         yield pub, address
     finally:
         pub.stop()
         sock.close(linger=0)
+        router.close(linger=0)
+
+
+class Asker:
+    """A DEALER that asks a snapshot ROUTER for the newest control and model, and keeps the replies."""
+
+    def __init__(self, ctx: zmq.Context, address: str) -> None:
+        self.sock = make_socket(ctx, zmq.DEALER, SocketOptions.snapshots(), connect=address)
+        self.replies: list[list[Message]] = []
+
+    def ask(self, have: tuple[str, int] | None = None, wait: float = 0.5) -> list[Message]:
+        """One request; the reply's messages (empty when none came within ``wait``)."""
+        send_frames(self.sock, encode_snapshot_request("probe", "inc-P", len(self.replies), have))
+        if not self.sock.poll(int(wait * 1000), zmq.POLLIN):
+            self.replies.append([])
+            return []
+        reply = [decode([frame]) for frame in self.sock.recv_multipart()]
+        self.replies.append(reply)
+        return reply
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
 
 
 def model(version: int) -> bytes:
@@ -89,7 +122,7 @@ def model(version: int) -> bytes:
 
 
 @pytest.mark.republish(0.6)
-def test_models_go_out_with_new_versions_to_joiners_and_on_the_slow_republish(
+def test_models_go_out_with_new_versions_and_on_the_slow_republish_never_for_a_joiner(
         publisher: tuple[Publisher, str], zctx: zmq.Context) -> None:
     pub, address = publisher
     first = Listener(zctx, address, MODEL_TOPIC)
@@ -99,15 +132,63 @@ def test_models_go_out_with_new_versions_to_joiners_and_on_the_slow_republish(
     for paused in (True, False, True, False, True, False):  # control changes bring no model
         pub.post_control(ControlState(paused=paused, allowance=100))
     assert len(first.read(0.2)) == 1
-    late = Listener(zctx, address, MODEL_TOPIC)  # a late joiner gets the current model at once
-    assert [m.version for m in late.read(0.3)] == [1]
-    assert len(first.read(0.1)) == 2  # (a PUB sends to every subscriber: the first one saw it again)
+    late = [Listener(zctx, address, MODEL_TOPIC)]
     pub.post_model(2, model(2))
-    assert [m.version for m in late.read(0.3)] == [1, 2]
-    count = len(late.messages)
-    late.read(1.3)  # nothing new for 1.3 s: the republish every 0.6 s, and nothing else
-    assert 1 <= len(late.messages) - count <= 3 and all(m.version == 2 for m in late.messages[count:])
+    assert [m.version for m in late[0].read(0.3)] == [2]
+    count = len(late[0].messages)
+    late[0].read(1.3)  # nothing new for 1.3 s: the republish every 0.6 s, and nothing else
+    assert 1 <= len(late[0].messages) - count <= 3 and all(m.version == 2 for m in late[0].messages[count:])
     assert pub.versions_sent == 2 and pub.model_joins == 2
+
+
+def test_a_joiner_gets_one_model_a_peer_asking_in_a_loop_no_more_than_a_subscriber(
+        publisher: tuple[Publisher, str], zctx: zmq.Context) -> None:
+    """Snapshots: one model per version a peer has not been sent, the same again only after
+    net.republish_s; none to a peer that holds the newest; control alone while there is no model."""
+    pub, address = publisher
+    first = Listener(zctx, address, MODEL_TOPIC)
+    asker = Asker(zctx, pub.snapshot_address)  # type: ignore[attr-defined]
+    try:
+        assert asker.ask(wait=0.3) == []  # nothing to send yet: no reply
+        pub.post_control(ControlState(quota=64))
+        wait_for(lambda: pub.controls_sent == 1, 5, "the first control")
+        assert [m.kind for m in asker.ask()] == [CONTROL]  # control alone, while no model exists
+        pub.post_model(3, model(3))
+        wait_for(lambda: pub.versions_sent == 1, 5, "model 3")
+        assert [m.kind for m in asker.ask()] == [CONTROL, MODEL]
+        for _ in range(20):  # asking again and again: control, no model (it was sent this version already)
+            assert [m.kind for m in asker.ask()] == [CONTROL]
+        assert [m.kind for m in asker.ask(have=("inc-L", 3))] == [CONTROL]
+        pub.post_model(4, model(4))
+        wait_for(lambda: pub.versions_sent == 2, 5, "model 4")
+        reply = asker.ask(have=("inc-L", 3))
+        assert [m.kind for m in reply] == [CONTROL, MODEL] and reply[1].version == 4
+        late = [Listener(zctx, address, MODEL_TOPIC) for _ in range(5)]  # joiners: nothing goes out for them
+        wait_for(lambda: pub.model_joins == 6, 5, "the joiners' subscriptions")
+        assert [m.version for m in first.read(0.3)] == [3, 4] and pub.models_sent == 2  # the versions, no more
+        assert all(listener.read(0.0) == [] for listener in late)
+        snap = pub.snapshots
+        assert snap is not None and snap.models_sent == 2 and snap.models_withheld == 20
+        assert snap.model_bytes == 2 * len(model(3))
+    finally:
+        asker.close()
+
+
+@pytest.mark.burst(4)
+def test_peers_that_reconnect_to_look_new_get_no_more_models_than_the_bucket_holds(
+        publisher: tuple[Publisher, str], zctx: zmq.Context) -> None:
+    pub, _ = publisher
+    pub.post_model(1, model(1))
+    wait_for(lambda: pub.versions_sent == 1, 5, "model 1")
+    got = 0
+    for _ in range(12):  # twelve connections, each a new peer to the ROUTER
+        asker = Asker(zctx, pub.snapshot_address)  # type: ignore[attr-defined]
+        try:
+            got += sum(m.kind == MODEL for m in asker.ask())
+        finally:
+            asker.close()
+    assert got == 4  # the burst; it refills at 4 per net.republish_s (30 s here)
+    assert pub.snapshots is not None and pub.snapshots.models_withheld == 8
 
 
 def test_control_is_small_and_apart_from_models_and_each_message_made_is_one_grant(
@@ -150,23 +231,35 @@ def test_a_topic_carries_only_its_own_kind() -> None:
 
 def test_a_role_whose_model_was_dropped_asks_for_it_again(zctx: zmq.Context, cartpole_cfg: Any) -> None:
     """Control names version 2 while the role still holds version 1 (the model was dropped on the way):
-    after STALE_S the role subscribes to models again, which the publisher takes as a joiner."""
+    after STALE_S the role asks the snapshot ROUTER for it, once, and takes the model of the reply."""
     from zmqrl.roles.skeleton import RoleProcess
     from zmqrl.roles.stream import STALE_S, LearnerStream
 
     cfg = cartpole_cfg()
     xpub = make_socket(zctx, zmq.XPUB, SocketOptions.pub(sndhwm=1000), bind="tcp://127.0.0.1:0")
-    xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
+    router = make_socket(zctx, zmq.ROUTER, SocketOptions.snapshot_server(), bind="tcp://127.0.0.1:0")
     role = RoleProcess(cfg, "probe")
-    stream = LearnerStream(role, cfg.net, xpub.getsockopt_string(zmq.LAST_ENDPOINT))
-    joins: list[bytes] = []
+    stream = LearnerStream(role, cfg.net, xpub.getsockopt_string(zmq.LAST_ENDPOINT),
+                           snapshot=router.getsockopt_string(zmq.LAST_ENDPOINT))
+    requests: list[Message] = []
+    identities: list[bytes] = []
 
-    def read_joins() -> list[bytes]:
-        while xpub.poll(0, zmq.POLLIN):
-            joins.append(xpub.recv()[1:])
-        return joins
+    def read_requests() -> list[Message]:
+        while router.poll(0, zmq.POLLIN):
+            identity, *frames = router.recv_multipart()
+            identities.append(identity)
+            requests.append(decode(frames))
+        return requests
 
     try:
+        wait_for(lambda: len(read_requests()) >= 1, 5, "the role's first snapshot request")
+        assert requests[0].meta == {}  # it holds no model yet
+        joins: list[bytes] = []
+
+        def read_joins() -> list[bytes]:
+            while xpub.poll(0, zmq.POLLIN):
+                joins.append(xpub.recv())
+            return joins
         wait_for(lambda: len(read_joins()) >= 2, 5, "the role's two subscriptions")
         seen: list[int] = []
 
@@ -181,18 +274,22 @@ def test_a_role_whose_model_was_dropped_asks_for_it_again(zctx: zmq.Context, car
             return msg is not None and msg.version == 1
         send(1, 1, True)
         wait_for(take, 5, "model version 1")
-        before = len(read_joins())
+        before = len(read_requests())
+        asked = stream.asked
         started = time.monotonic()
-        while stream.asked == 0:  # control says 2, no model 2 comes
+        while stream.asked == asked:  # control says 2, no model 2 comes
             assert time.monotonic() - started < STALE_S + 5, "the role never asked for the model again"
             send(1, 2, False)
             take()
             time.sleep(0.05)
         assert time.monotonic() - started >= STALE_S * 0.9
-        wait_for(lambda: len(read_joins()) > before, 5, "the new subscription at the publisher")
-        assert all(topic == MODEL_SUBSCRIPTION for topic in joins[before:]), joins
-        send(2, 2, True)
+        wait_for(lambda: len(read_requests()) > before, 5, "the request at the ROUTER")
+        assert requests[-1].kind == SNAPSHOT and requests[-1].meta == {"have": ["inc-L", 1]}
+        # answer the newest request: control and model 2, to this role alone
+        router.send_multipart([identities[-1], bytes(encode_control("learner", "inc-L", 99, 2, {"pause": False})[0]),
+                               bytes(encode_model("learner", "inc-L", 2, PARAMS)[0])])
         wait_for(lambda: stream.newest_model()[0] is not None or stream.versions.version == 2, 5, "model 2")
+        assert stream.snapshot_models == 1
         asked = stream.asked
         for _ in range(30):  # up to date now: nothing more asked
             send(2, 2, False)
@@ -202,3 +299,4 @@ def test_a_role_whose_model_was_dropped_asks_for_it_again(zctx: zmq.Context, car
     finally:
         role.close()
         xpub.close(linger=0)
+        router.close(linger=0)

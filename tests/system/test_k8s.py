@@ -117,10 +117,9 @@ def test_manifests_agree_with_zmqrl(tmp_path: Path) -> None:
     assert head_svc["spec"]["clusterIP"] == "None" and hosts_svc["spec"]["clusterIP"] == "None"
     assert head["spec"]["serviceName"] == "zmqrl-head" and hosts["spec"]["serviceName"] == "zmqrl-hosts"
     assert head["spec"]["replicas"] == 1
-    assert {p["name"]: p["port"] for p in head_svc["spec"]["ports"]} == {"data": cfg.net.data_port,
-                                                                       "model": cfg.net.model_port}
-    assert {p["name"]: p["containerPort"] for p in container(head)["ports"]} == {"data": cfg.net.data_port,
-                                                                                "model": cfg.net.model_port}
+    ports = {"data": cfg.net.data_port, "model": cfg.net.model_port, "snapshot": cfg.net.snapshot_port}
+    assert {p["name"]: p["port"] for p in head_svc["spec"]["ports"]} == ports
+    assert {p["name"]: p["containerPort"] for p in container(head)["ports"]} == ports
     assert cfg.net.bind_host == "0.0.0.0" and cfg.net.security == "curve"
 
     # Actor ids: replicas x actors per host = actor.num_actors.

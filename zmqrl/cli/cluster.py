@@ -56,8 +56,8 @@ def host_args(p: argparse.ArgumentParser) -> None:
 COMMANDS = [
     Command("head", "a cluster's learner machine: the learner and the evaluator, supervised", head_args, run_head,
             "Run the learner and the evaluator on this machine, restarting them when they die (the learner with "
-            "--resume from RUN_DIR/checkpoints/latest). The learner binds net.data_port, net.model_port and "
-            "net.eval_port; hosts need the first two."),
+            "--resume from RUN_DIR/checkpoints/latest). The learner binds net.data_port, net.model_port, "
+            "net.eval_port and net.snapshot_port; hosts need all but net.eval_port."),
     Command("host", "a cluster's actor machine: one proxy and N actors, supervised", host_args, run_host,
             "Run one proxy (on loopback) and N actors on this machine, restarting them when they die. Actor ids are "
             "FIRST_ID..FIRST_ID+N-1 and must be below actor.num_actors, the number of actors over all hosts."),

@@ -13,8 +13,8 @@ from zmqrl.cli.common import (
     config_from_run_dir,
     load_config,
 )
-from zmqrl.config import ConfigError
-from zmqrl.roles.addresses import endpoint
+from zmqrl.config import ConfigError, NetConfig
+from zmqrl.roles.addresses import endpoint, same_host
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -34,9 +34,24 @@ def run_learner(args: argparse.Namespace) -> int:
                      host_key="net.bind_host", port_key="net.model_port")
     evals = endpoint(args.bind_eval, net.bind_host, net.eval_port, "--bind-eval", bind=True,
                      host_key="net.bind_host", port_key="net.eval_port")
+    if args.bind_snapshot is None and args.bind_model is not None:
+        snapshot = same_host(model, "*")  # a free port beside the one given; control names it to every role
+    else:
+        snapshot = endpoint(args.bind_snapshot, net.bind_host, net.snapshot_port, "--bind-snapshot", bind=True,
+                            host_key="net.bind_host", port_key="net.snapshot_port")
     from zmqrl.roles.learner import run_learner as run
 
-    return run(cfg, args.run_dir, data, model, evals, resume=args.resume)
+    return run(cfg, args.run_dir, data, model, evals, resume=args.resume, bind_snapshot=snapshot)
+
+
+def snapshot_endpoint(args: argparse.Namespace, net: NetConfig, model: str, flag: str = "--snapshot") -> str | None:
+    """Where the stream at ``model`` serves snapshots: ``--snapshot``; else None, and the role takes the
+    learner's port from its control."""
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    if not value:
+        return None
+    host = model.split("://", 1)[-1].rsplit(":", 1)[0]
+    return endpoint(value, host, net.snapshot_port, flag, host_key="the stream's host", port_key="net.snapshot_port")
 
 
 def run_proxy(args: argparse.Namespace) -> int:
@@ -49,9 +64,14 @@ def run_proxy(args: argparse.Namespace) -> int:
     host = learner.split("://", 1)[-1].rsplit(":", 1)[0]
     models = endpoint(args.models, host, net.model_port, "--models", host_key="the --learner host",
                       port_key="net.model_port")
+    relay = None
+    if args.relay:
+        relay = (endpoint(args.relay, "127.0.0.1", 0, "--relay", bind=True),
+                 endpoint(args.relay_snapshot, "127.0.0.1", 0, "--relay-snapshot", bind=True))
     from zmqrl.roles.proxy import run_proxy as run
 
-    return run(cfg, bind, learner, name=args.name, run_dir=args.run_dir, model_addr=models)
+    return run(cfg, bind, learner, name=args.name, run_dir=args.run_dir, model_addr=models,
+               snapshot_addr=snapshot_endpoint(args, net, models), relay=relay)
 
 
 def run_actor(args: argparse.Namespace) -> int:
@@ -67,7 +87,7 @@ def run_actor(args: argparse.Namespace) -> int:
                      host_key="net.learner_host", port_key="net.model_port")
     from zmqrl.roles.actor import run_actor as run
 
-    return run(cfg, args.id, proxy, model, run_dir=args.run_dir)
+    return run(cfg, args.id, proxy, model, run_dir=args.run_dir, snapshot_addr=snapshot_endpoint(args, net, model))
 
 
 def run_evaluator(args: argparse.Namespace) -> int:
@@ -80,7 +100,7 @@ def run_evaluator(args: argparse.Namespace) -> int:
                       port_key="net.eval_port")
     from zmqrl.roles.evaluator import run_evaluator as run
 
-    return run(cfg, model, report, run_dir=args.run_dir)
+    return run(cfg, model, report, run_dir=args.run_dir, snapshot_addr=snapshot_endpoint(args, net, model))
 
 
 def run_local(args: argparse.Namespace) -> int:
@@ -105,6 +125,9 @@ def learner_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bind-data", metavar="ADDR", help=f"PULL for batches from proxies; {BIND_HELP}")
     p.add_argument("--bind-model", metavar="ADDR", help=f"PUB for model versions; {BIND_HELP}")
     p.add_argument("--bind-eval", metavar="ADDR", help=f"PULL for evaluator reports; {BIND_HELP}")
+    p.add_argument("--bind-snapshot", metavar="ADDR",
+                   help="ROUTER where joiners ask for the newest model (default: net.snapshot_port on net.bind_host; "
+                        "with --bind-model alone, a free port on its host); " + BIND_HELP)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest")
 
 
@@ -114,6 +137,12 @@ def proxy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learner", metavar="ADDR", help=f"the learner's data address; {ADDR_HELP}")
     p.add_argument("--models", metavar="ADDR", help="the learner's model address, to hear when the run is "
                                                     "over (default: the learner's host and net.model_port)")
+    p.add_argument("--snapshot", metavar="ADDR", help="where that stream serves snapshots of its newest model "
+                                                      "(default: the port the learner's control names)")
+    p.add_argument("--relay", metavar="ADDR", help="run this host's relay: its stream of the learner's models "
+                                                   "and control binds here (actors subscribe to it); " + BIND_HELP)
+    p.add_argument("--relay-snapshot", metavar="ADDR", help="the relay's snapshot ROUTER binds here (default: a "
+                                                            "free loopback port)")
     p.add_argument("--name", default="proxy", help="name in the learner's stats (one per proxy)")
     p.add_argument("--run-dir", help="where to write roles/NAME.json at exit (optional)")
 
@@ -122,7 +151,9 @@ def actor_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p)
     p.add_argument("--id", type=int, required=True, help="actor index 0..N-1 (sets its seed and epsilon)")
     p.add_argument("--proxy", metavar="ADDR", help=f"the proxy's address; {ADDR_HELP}")
-    p.add_argument("--learner", metavar="ADDR", help=f"the learner's model address; {ADDR_HELP}")
+    p.add_argument("--learner", metavar="ADDR", help=f"the learner's model address, or the host relay's; {ADDR_HELP}")
+    p.add_argument("--snapshot", metavar="ADDR", help="where that stream serves snapshots of its newest model "
+                                                      "(default: the port the learner's control names)")
     p.add_argument("--run-dir", help="where to write roles/actor-ID.json at exit (optional)")
 
 
@@ -131,6 +162,8 @@ def evaluator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learner", metavar="ADDR", help=f"the learner's model address; {ADDR_HELP}")
     p.add_argument("--report", metavar="ADDR", help="the learner's evaluation address (default: the "
                                                    "learner's host and net.eval_port)")
+    p.add_argument("--snapshot", metavar="ADDR", help="where that stream serves snapshots of its newest model "
+                                                      "(default: the port the learner's control names)")
     p.add_argument("--run-dir", help="where checkpoints/best goes (optional)")
 
 

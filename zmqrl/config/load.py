@@ -147,7 +147,7 @@ def _check_ranges(cfg: Config, source: str) -> None:
     for key in non_negative:
         if flat[key] < 0:
             raise ConfigError(f"{source}: {key} must be >= 0, got {flat[key]!r}")
-    for key in ("net.data_port", "net.model_port", "net.proxy_port", "net.eval_port"):
+    for key in ("net.data_port", "net.model_port", "net.proxy_port", "net.eval_port", "net.snapshot_port"):
         if not 0 <= flat[key] <= 65535:
             raise ConfigError(f"{source}: {key} must be a port number 0..65535, got {flat[key]!r}")
     if not 0 <= cfg.env.batch <= cfg.env.num_envs:

@@ -137,7 +137,7 @@ class Actor(RoleProcess):
     """One actor process: envs, local policy, and its two sockets."""
 
     def __init__(self, cfg: Config, index: int, proxy_addr: str, model_addr: str,
-                 run_dir: str | None = None) -> None:
+                 run_dir: str | None = None, snapshot_addr: str | None = None) -> None:
         if cfg.actor.nice:
             lower_priority(cfg.actor.nice)
         super().__init__(cfg, f"actor-{index}", run_dir)
@@ -152,8 +152,8 @@ class Actor(RoleProcess):
         self.loop = ActingLoop(cfg, self.policy, self.exploration, self.seed, priorities=self.priorities)
 
         self.proxy_addr, self.model_addr = proxy_addr, model_addr
-        self.stream = LearnerStream(self, cfg.net, model_addr, digest=signature_digest(self.signature),
-                                    on_error=self._wire_error)
+        self.stream = LearnerStream(self, cfg.net, model_addr, snapshot=snapshot_addr,
+                                    digest=signature_digest(self.signature), on_error=self._wire_error)
         self.push = self.socket(zmq.PUSH, options(cfg.net, SocketOptions.push(sndhwm=cfg.actor.send_hwm),
                                                   data_path=True),
                                 connect=proxy_addr, link="to proxy {address}", linger_ms=1000)
@@ -409,9 +409,11 @@ class Actor(RoleProcess):
         self.loop.close()
 
 
-def run_actor(cfg: Config, index: int, proxy_addr: str, model_addr: str, run_dir: str | None = None) -> int:
-    """The ``zmqrl actor`` entry point."""
-    actor = serve(lambda: Actor(cfg, index, proxy_addr, model_addr, run_dir))
+def run_actor(cfg: Config, index: int, proxy_addr: str, model_addr: str, run_dir: str | None = None,
+              snapshot_addr: str | None = None) -> int:
+    """The ``zmqrl actor`` entry point: models and control from ``model_addr`` (the learner's stream or its
+    host's relay), snapshots from ``snapshot_addr``."""
+    actor = serve(lambda: Actor(cfg, index, proxy_addr, model_addr, run_dir, snapshot_addr))
     s = actor.stats.as_dict()
     log.info("%s: stopped after %d env steps, %d batches (%d bytes), blocked %.1fs", actor.name,
              s["env_steps"], s["batches"], s["bytes_sent"], s["blocked_s"])

@@ -131,6 +131,12 @@ def _check_port(port: str, where: str, bind: bool, note: str = "") -> str:
     return str(number)
 
 
+def same_host(address: str, port: int | str) -> str:
+    """``address`` (``tcp://HOST:PORT``) with another port: a second socket of a role on the same host."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return f"tcp://{host}:{port}"
+
+
 _HANDED_OUT: set[tuple[str, int]] = set()
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST_PICKED = 10000  # below this, well-known and registered services

@@ -35,7 +35,8 @@ log = logging.getLogger("zmqrl")
 class Evaluator(RoleProcess):
     """One evaluator process."""
 
-    def __init__(self, cfg: Config, model_addr: str, report_addr: str, run_dir: str | None = None) -> None:
+    def __init__(self, cfg: Config, model_addr: str, report_addr: str, run_dir: str | None = None,
+                 snapshot_addr: str | None = None) -> None:
         super().__init__(cfg, "evaluator", run_dir)
         seed = cfg.run.seed + 1_000_000
         seed_everything(seed)
@@ -44,7 +45,8 @@ class Evaluator(RoleProcess):
         self.policy = task.policy(seed, backend=cfg.actor.backend)
         self.episodes = evaluator_for(cfg, seed)
         self.model_addr, self.report_addr = model_addr, report_addr
-        self.stream = LearnerStream(self, cfg.net, model_addr, digest=signature_digest(self.signature))
+        self.stream = LearnerStream(self, cfg.net, model_addr, snapshot=snapshot_addr,
+                                    digest=signature_digest(self.signature))
         self.push = self.socket(zmq.PUSH, options(cfg.net, SocketOptions.push()), connect=report_addr,
                                 link="to learner reports {address}", linger_ms=500)
         self.versions = self.stream.versions
@@ -150,7 +152,8 @@ class Evaluator(RoleProcess):
         self.episodes.close()
 
 
-def run_evaluator(cfg: Config, model_addr: str, report_addr: str, run_dir: str | None = None) -> int:
+def run_evaluator(cfg: Config, model_addr: str, report_addr: str, run_dir: str | None = None,
+                  snapshot_addr: str | None = None) -> int:
     """The ``zmqrl evaluator`` entry point."""
-    evaluator = serve(lambda: Evaluator(cfg, model_addr, report_addr, run_dir))
+    evaluator = serve(lambda: Evaluator(cfg, model_addr, report_addr, run_dir, snapshot_addr))
     return EXIT_CONFIG_MISMATCH if evaluator.refused else 0

@@ -52,6 +52,7 @@ from zmqrl import __version__
 from zmqrl.config import Config
 from zmqrl.core import Agent, DefersUpdates, PendingUpdate
 from zmqrl.replay.prioritized import priority_counts
+from zmqrl.roles.addresses import same_host
 from zmqrl.roles.admission import EvalAdmission
 from zmqrl.roles.fit import signature_digest, task_signature
 from zmqrl.roles.inserts import ReplayWriter
@@ -61,6 +62,7 @@ from zmqrl.roles.peers import PeerAccounts
 from zmqrl.roles.publisher import ControlState, Publisher
 from zmqrl.roles.ratelimit import Allowances, SamplesPerInsert
 from zmqrl.roles.skeleton import RoleProcess, serve
+from zmqrl.roles.snapshots import SnapshotServer
 from zmqrl.run.acting import make_task
 from zmqrl.run.bookkeeping import Rate, replay_values
 from zmqrl.run.lifecycle import Background, Every, StopFlag, seed_everything
@@ -80,7 +82,7 @@ class Learner(RoleProcess):
     """One learner process."""
 
     def __init__(self, cfg: Config, run_dir: str | Path | None, bind_data: str, bind_model: str,
-                 bind_eval: str, resume: bool = False) -> None:
+                 bind_eval: str, resume: bool = False, bind_snapshot: str | None = None) -> None:
         self.started = time.monotonic()
         self.cfg = cfg
         seed_everything(cfg.run.seed)
@@ -120,16 +122,20 @@ class Learner(RoleProcess):
         self.pub = self.socket(zmq.XPUB, options(net, SocketOptions.pub(), data_path=True), bind=bind_model,
                                link="model subscribers on {address}")
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        # joiners ask here for the newest control and model, which go to them alone (the Clone pattern)
+        self.snap = self.socket(zmq.ROUTER, options(net, SocketOptions.snapshot_server(), data_path=True),
+                                bind=bind_snapshot or same_host(bind_model, "*"))
         self.endpoints = {"data": bound_address(self.data), "model": bound_address(self.pub),
-                          "eval": bound_address(self.evals)}
+                          "eval": bound_address(self.evals), "snapshot": bound_address(self.snap)}
         self._write_endpoints()
         # batches made before the allowance came into force may still be queued on the way (an actor's,
         # its proxy's and this socket's queues): that much of each sender's unstamped data is taken
         in_flight = (cfg.actor.send_hwm + 2 * PROXY_QUEUE) * cfg.actor.n_buffer
         self.allowances = Allowances(net.max_peers, net.peer_idle_s, unstamped=in_flight)
         self.signature = task_signature(self.task)
+        snapshots = SnapshotServer(self.snap, "learner", net.republish_s, burst=net.max_peers)
         self.publisher = Publisher(self.pub, self.incarnation, signature_digest(self.signature), self.allowances,
-                                   net.republish_s)
+                                   net.republish_s, snapshots)
         self.intake = Intake(self.data, self.evals, cfg, self.spec, value_limits=self.task.value_limits(),
                              allowances=self.allowances, admission=EvalAdmission(cfg, self.dir),
                              incarnation=self.incarnation, now=self.book.point, published=lambda: self.book.version,
@@ -374,7 +380,7 @@ class Learner(RoleProcess):
         values = {**replay_values(self.replay), "perf/samples_per_insert": self.samples_per_insert(),
                   "perf/transitions_inserted_per_s": self._insert_rate.read(self.limiter.inserted),
                   "perf/bytes_received": float(intake["bytes_received"]),
-                  "perf/bytes_published": float(self.publisher.model_bytes + self.publisher.control_bytes),
+                  "perf/bytes_published": float(self.publisher.bytes_sent),
                   "perf/rejected": float(self._rejected(intake)), "perf/model_version": float(self.book.version),
                   "perf/intake_queue": float(intake["handoff"]["items"]),
                   "perf/intake_cpu_s": float(intake["cpu_s"])}
@@ -518,9 +524,9 @@ class Learner(RoleProcess):
 
 
 def run_learner(cfg: Config, run_dir: str | None, bind_data: str, bind_model: str, bind_eval: str,
-                resume: bool = False) -> int:
+                resume: bool = False, bind_snapshot: str | None = None) -> int:
     """The ``zmqrl learner`` entry point."""
-    serve(lambda: Learner(cfg, run_dir, bind_data, bind_model, bind_eval, resume))
+    serve(lambda: Learner(cfg, run_dir, bind_data, bind_model, bind_eval, resume, bind_snapshot))
     return 0
 
 

@@ -11,6 +11,9 @@ header parse and checks whatever its size, so fewer, larger ones leave it more t
 Bad messages are dropped and counted; per-actor counters are kept for at most ``net.max_peers``
 actors. When the learner is away the proxy stops reading, so actors block with bounded memory;
 when the learner says it finished, the proxy forwards what actors already sent and exits 0.
+
+With ``relay`` addresses the proxy also runs its host's relay (:mod:`~zmqrl.roles.relay`, a thread):
+the learner's models and control, taken once for the host and served to its actors.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import zmq
 from zmqrl.config import Config
 from zmqrl.roles.fit import learner_done
 from zmqrl.roles.net import PROXY_QUEUE, auth_counts, limits, options, send_blocking
+from zmqrl.roles.relay import Relay
 from zmqrl.roles.skeleton import RoleProcess, serve
+from zmqrl.roles.snapshots import SnapshotServer
 from zmqrl.roles.stream import LearnerStream
 from zmqrl.run.lifecycle import Every, StopFlag
 from zmqrl.wire import (
@@ -120,7 +125,8 @@ class Proxy(RoleProcess):
     """One proxy process: actors' PULL in, learner's PUSH out."""
 
     def __init__(self, cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy",
-                 run_dir: str | None = None, model_addr: str | None = None) -> None:
+                 run_dir: str | None = None, model_addr: str | None = None, *, snapshot_addr: str | None = None,
+                 relay: tuple[str, str] | None = None) -> None:
         super().__init__(cfg, name, run_dir)
         self.limits = limits(cfg.net, BATCH, HELLO)
         self.learner_addr = learner_addr
@@ -131,7 +137,21 @@ class Proxy(RoleProcess):
                                 bind=bind_addr, link="from actors on {address}")
         self.bind_addr = bound_address(self.pull)
         self.hold = _Hold(cfg.net.proxy_hold_ms / 1000.0, int(self.pull.getsockopt(zmq.RCVHWM)))
-        self.stream = None if model_addr is None else LearnerStream(self, cfg.net, model_addr, models=False)
+        self.relay: Relay | None = None
+        self.relay_addrs: dict[str, str] = {}
+        if relay is not None and model_addr is not None:
+            upstream = LearnerStream(self, cfg.net, model_addr, snapshot=snapshot_addr)
+            pub = self.socket(zmq.XPUB, options(cfg.net, SocketOptions.pub(), data_path=True), bind=relay[0],
+                              link="host's roles on {address}")
+            pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+            router = self.socket(zmq.ROUTER, options(cfg.net, SocketOptions.snapshot_server(), data_path=True),
+                                 bind=relay[1])
+            snapshots = SnapshotServer(router, f"{name}-relay", cfg.net.republish_s, burst=cfg.net.max_peers)
+            self.relay = Relay(upstream, pub, snapshots, name)
+            self.relay_addrs = {"model": bound_address(pub), "snapshot": bound_address(router)}
+            self.stream = None  # the relay hears the learner's control; its ``finished`` says the run is over
+        else:
+            self.stream = None if model_addr is None else LearnerStream(self, cfg.net, model_addr, models=False)
         self.finished = ""  # the learner's stop reason once it said the run is over
         self.sequences = SequenceTracker(cfg.net.max_peers, cfg.net.peer_idle_s)
         self.per_actor: PeerTable[collections.Counter[str]] = PeerTable(collections.Counter, cfg.net.max_peers,
@@ -163,7 +183,7 @@ class Proxy(RoleProcess):
                 "blocked_s": round(self.blocked_s, 3), "bind": self.bind_addr,
                 "actors": {k: dict(v) for k, v in shown}, "actors_total": len(known), "wall_s": round(wall, 3),
                 "peers_refused": self.sequences.refused, "refused_keys": self.keys.refused,
-                "auth": auth_counts(self.ctx)}
+                "auth": auth_counts(self.ctx), **({"relay": self.relay.stats()} if self.relay is not None else {})}
 
     def _forward(self, frames: list[Any], stop: StopFlag | _Until) -> bool:
         """Send ``frames`` to the learner, waiting while it does not take them (reading its models the
@@ -272,6 +292,12 @@ class Proxy(RoleProcess):
     def _watch_control(self) -> None:
         if self.stream is not None:
             self.stream.take_control(self._control)
+        elif self.relay is not None:
+            self.relay.check()
+            if self.relay.finished and not self.finished:
+                self.finished = self.relay.finished
+                log.info("%s: the learner finished (%s); forwarding what is left, then stopping", self.name,
+                         self.finished)
 
     def run(self, stop: StopFlag) -> None:
         """Forward until stopped or the learner says it finished. After each burst it reads, the proxy
@@ -282,6 +308,10 @@ class Proxy(RoleProcess):
         and there is no hold while one actor's batches come faster than half its receive queue per
         hold: it never caps throughput. On the way out it forwards what actors already sent (a second)."""
         log.info("%s: actors connect to %s; forwarding to learner %s", self.name, self.bind_addr, self.learner_addr)
+        if self.relay is not None:
+            self.relay.start()
+            log.info("%s: relaying the learner's stream to this host's roles on %s (snapshots on %s)", self.name,
+                     self.relay_addrs["model"], self.relay_addrs["snapshot"])
         report, watch = Every(self.cfg.net.stats_interval_s), Every(0.1)
         while not stop.set and not self.finished:
             if watch():
@@ -328,11 +358,19 @@ class Proxy(RoleProcess):
     def role_stats(self) -> dict[str, Any]:
         return self.stats(None)
 
+    def close(self) -> None:
+        """Stop the relay (it uses sockets of this process), then close as every role does."""
+        if self.relay is not None:
+            self.relay.stop()
+        super().close()
+
 
 def run_proxy(cfg: Config, bind_addr: str, learner_addr: str, name: str = "proxy", run_dir: str | None = None,
-              model_addr: str | None = None) -> int:
-    """The ``zmqrl proxy`` entry point."""
-    proxy = serve(lambda: Proxy(cfg, bind_addr, learner_addr, name, run_dir, model_addr))
+              model_addr: str | None = None, *, snapshot_addr: str | None = None,
+              relay: tuple[str, str] | None = None) -> int:
+    """The ``zmqrl proxy`` entry point (with ``relay``: the host's relay binds its stream and snapshots there)."""
+    proxy = serve(lambda: Proxy(cfg, bind_addr, learner_addr, name, run_dir, model_addr,
+                                snapshot_addr=snapshot_addr, relay=relay))
     s = proxy.stats()
     log.info("%s: forwarded %d batches (%d bytes), rejected %d", proxy.name, s["forwarded"], s["bytes"],
              s["rejected_total"])

@@ -1,15 +1,17 @@
 """The learner's publisher: models and control on its XPUB, in a thread beside the update loop.
 
 The learner's stream has two topics (:mod:`zmqrl.wire.protocol`). A **model** (the whole network:
-6.7 MB for the Nature CNN) goes out only with a new version, when a model subscriber joins
-(subscribers that join within :data:`JOIN_GATHER_S` of each other share one message), and every
-``net.republish_s`` since the last one. **Control** is a few hundred bytes: the rate limiter's
-``pause``, the allowance (``allow``) with its ``grant`` number, the start-up ``quota``, ``done``
-with the stop reason, the newest version and a digest of the task signature. It goes out when
-the loop changes it or asks for a new one (with each new model version, and while it waits for
-data), when a control subscriber joins, and every :data:`CONTROL_REPUBLISH_S`. While the rate
-limiter's allowance is in force each control message made is a new grant; one sent again carries
-the same grant, which counts once.
+6.7 MB for the Nature CNN) goes out only with a new version and every ``net.republish_s`` since the
+last one. **Control** is a few hundred bytes: the rate limiter's ``pause``, the allowance
+(``allow``) with its ``grant`` number, the start-up ``quota``, ``done`` with the stop reason, the
+newest version and a digest of the task signature. It goes out when the loop changes it or asks
+for a new one (with each new model version, and while it waits for data), and every
+:data:`CONTROL_REPUBLISH_S`. While the rate limiter's allowance is in force each control message
+made is a new grant; one sent again carries the same grant, which counts once.
+
+A subscriber that joins (a relay, or a role that subscribes to the learner itself) sends nothing
+out: it asks the snapshot ROUTER (:mod:`~zmqrl.roles.snapshots`) for the newest control and model,
+which go to it alone. Subscriptions are only counted, so a storm of them costs the learner nothing.
 
 The loop hands over an encoded model (:meth:`Publisher.post_model`: the loop encodes it, since the
 parameters it reads go on changing with the next update) and the control state
@@ -31,11 +33,11 @@ import zmq
 from zmqrl import __version__
 from zmqrl.roles.beside import Beside
 from zmqrl.roles.ratelimit import Allowances
+from zmqrl.roles.snapshots import SnapshotServer
 from zmqrl.wire import CONTROL_TOPIC, MODEL_TOPIC, encode_control, send_frames
 
 log = logging.getLogger("zmqrl")
 
-JOIN_GATHER_S = 0.02  # model subscribers joining this close together get one model message between them
 CONTROL_REPUBLISH_S = 1.0  # control goes out again this often (a lost one costs at most this long)
 MAX_EVENTS = 256  # subscription events read per wake-up (a flood of them must not hold the thread)
 
@@ -54,20 +56,22 @@ class Publisher(Beside):
     """Sends models and control on the learner's XPUB (module docstring); stats for the summary."""
 
     def __init__(self, sock: zmq.Socket, incarnation: str, task_digest: str, allowances: Allowances,
-                 republish_s: float) -> None:
+                 republish_s: float, snapshots: SnapshotServer | None = None) -> None:
         super().__init__("publisher")
         self.sock, self.incarnation, self.task_digest = sock, incarnation, task_digest
+        self.snapshots = snapshots
+        self.snapshot_port = 0 if snapshots is None else _port(snapshots.sock)
         self.allowances, self.republish_s = allowances, republish_s
         self._lock = threading.Lock()
         self._posted: tuple[int, bytes] | None = None  # a model the loop handed over, not sent yet
         self._state: ControlState | None = None  # none posted yet: no control goes out
         self._control_due = False
         self._version = -1
-        self._model: bytes | None = None  # the newest model's frame, sent again to joiners and to republish
+        self._model: bytes | None = None  # the newest model's frame, sent again to republish and in snapshots
+        self._model_version = -1  # its version
         self._control: bytes | None = None  # the newest control's frame, sent again likewise
         self._control_seq = 0
         self._model_at = self._control_at = -math.inf  # monotonic time each last went out
-        self._model_join = math.inf  # when the model goes out to subscribers that joined
         self._done_sent = threading.Event()
         self.models_sent = self.model_bytes = self.versions_sent = 0
         self.controls_sent = self.control_bytes = self.grants = 0
@@ -112,6 +116,8 @@ class Publisher(Beside):
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.waker.fd, zmq.POLLIN)
+        if self.snapshots is not None:
+            poller.register(self.snapshots.sock, zmq.POLLIN)
         while not self.stopping:
             wait = min(max(0.0, self._due() - time.monotonic()), 1.0)
             events = dict(poller.poll(int(math.ceil(wait * 1000))))
@@ -120,19 +126,22 @@ class Publisher(Beside):
             if self.sock in events:
                 self._read_subscriptions()
             self._send_due()
+            if self.snapshots is not None and self.snapshots.sock in events:
+                key = None if self._model is None else (self.incarnation, self._model_version)
+                self.snapshots.serve(self._control, self._model, key)
 
     def _due(self) -> float:
-        """When a model or control next goes out unasked (joiners, republishing)."""
+        """When a model or control next goes out unasked (republishing)."""
         due = math.inf
         if self._model is not None:
-            due = min(self._model_join, self._model_at + self.republish_s)
+            due = self._model_at + self.republish_s
         if self._control is not None:
             due = min(due, self._control_at + CONTROL_REPUBLISH_S)
         return due
 
     def _read_subscriptions(self) -> None:
-        """Subscriptions (XPUB_VERBOSE: each join, even to a topic already subscribed): a model joiner
-        gets the model within :data:`JOIN_GATHER_S`, a control joiner the control at once."""
+        """Subscriptions (XPUB_VERBOSE: each join, even to a topic already subscribed), counted: a joiner
+        asks for a snapshot, so nothing goes out for a join."""
         for _ in range(MAX_EVENTS):
             try:
                 event = self.sock.recv(zmq.NOBLOCK)
@@ -143,10 +152,8 @@ class Publisher(Beside):
             topic = event[1:]
             if MODEL_TOPIC.startswith(topic):  # (b"": every topic; b"ZQ": models of any protocol version)
                 self.model_joins += 1
-                self._model_join = min(self._model_join, time.monotonic() + JOIN_GATHER_S)
             if CONTROL_TOPIC.startswith(topic):
                 self.control_joins += 1
-                self._control_at = -math.inf
 
     def _send_due(self) -> None:
         with self._lock:
@@ -155,10 +162,10 @@ class Publisher(Beside):
             self._control_due = False
         now = time.monotonic()
         if posted is not None:
-            self._model = posted[1]
+            self._model_version, self._model = posted
             self.versions_sent += 1
             self._send_model(now)
-        elif self._model is not None and (now >= self._model_join or now >= self._model_at + self.republish_s):
+        elif self._model is not None and now >= self._model_at + self.republish_s:
             self._send_model(now)
         if control_due and state is not None:
             self._control = self._encode_control(state)
@@ -172,7 +179,7 @@ class Publisher(Beside):
 
     def _send_model(self, now: float) -> None:
         assert self._model is not None
-        self._model_at, self._model_join = now, math.inf
+        self._model_at = now
         if self._send(self._model):
             self.models_sent += 1
             self.model_bytes += len(self._model)
@@ -189,6 +196,8 @@ class Publisher(Beside):
         """A control message of ``state``: while an allowance is in force, each one made is a new grant
         (sent again, the same bytes grant nothing more)."""
         meta: dict[str, Any] = {"pause": state.paused, "task": self.task_digest, "zmqrl": __version__}
+        if self.snapshot_port:
+            meta["snap"] = self.snapshot_port  # where joiners ask for snapshots (a port on this learner's host)
         if state.quota is not None:
             meta["quota"] = state.quota
             self.allowances.grant(None)
@@ -208,4 +217,22 @@ class Publisher(Beside):
                 "model_bytes": self.model_bytes, "controls_sent": self.controls_sent,
                 "control_bytes": self.control_bytes, "grants": self.grants, "model_subscriptions": self.model_joins,
                 "control_subscriptions": self.control_joins, "sends_dropped": self.dropped,
-                "bytes_sent": self.model_bytes + self.control_bytes}
+                **(self.snapshots.stats() if self.snapshots is not None else {}),
+                "bytes_sent": self.bytes_sent}
+
+    def _snapshot_bytes(self) -> int:
+        s = self.snapshots
+        return 0 if s is None else s.model_bytes + s.control_bytes
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes of models and control sent, on the stream and in snapshots."""
+        return self.model_bytes + self.control_bytes + self._snapshot_bytes()
+
+
+def _port(sock: zmq.Socket) -> int:
+    """The TCP port ``sock`` is bound to (0 when it is not bound to one)."""
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+    text = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+    port = text.rsplit(":", 1)[-1]
+    return int(port) if port.isdigit() else 0

@@ -6,47 +6,66 @@ queue. Control is taken from the learner line in use: the learner incarnation of
 role took last (any, before its first model); control from a newer line waits until its model
 has been taken, then counts.
 
-Each control message names the learner's newest model version. A role whose model stays older
-than that for :data:`STALE_S` (the model was dropped on the way: a publisher drops what a slow
-subscriber's queue cannot take) subscribes to models again; the learner's publisher takes that
-as a new subscriber and sends the model, so it need not re-send models often on its own.
+A role gets its first model and control by itself: it asks the stream's snapshot ROUTER
+(:mod:`~zmqrl.roles.snapshots`) at start, again every :data:`STALE_S` while it holds no model, and
+whenever its model stays older than the newest version control names for :data:`STALE_S` (the
+model was dropped on the way: a publisher drops what a slow subscriber's queue cannot take). The
+reply comes to this role alone; nothing a role does makes the publisher send to everyone, so the
+publisher sends a model only with a new version and every ``net.republish_s``.
+
+The stream is the learner's own or its host's relay (:mod:`~zmqrl.roles.relay`): both speak alike.
+A role told no snapshot address takes the learner's from its control (``meta["snap"]``, a port on
+the host the role subscribed to), so a role started by hand against a learner needs no more flags;
+a relay passes the learner's control on unchanged, so its roles are told the relay's address.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
 from zmqrl.config import NetConfig
+from zmqrl.roles.addresses import same_host
 from zmqrl.roles.net import limits, options
 from zmqrl.roles.skeleton import RoleProcess
 from zmqrl.wire import (
     CONTROL,
     MODEL,
-    MODEL_SUBSCRIPTION,
     Message,
     SocketOptions,
     VersionTracker,
     WireError,
-    drain_control,
-    drain_latest_model,
+    decode,
+    drain_control_frames,
+    drain_latest_model_frame,
+    encode_snapshot_request,
+    send_frames,
 )
 from zmqrl.wire.monitor import LinkMonitor
 
 STALE_S = 1.0  # a model older than the one control names for this long is asked for again
+MAX_REPLIES = 16  # snapshot replies read per call
 
 
 class LearnerStream:
-    """What a role hears from the learner at ``address`` (its XPUB): with ``models``, the newest model
-    (:meth:`newest_model`), and always control (:meth:`take_control`). ``digest`` is the role's own
-    task digest (:func:`~zmqrl.roles.fit.signature_digest`): control from a learner whose digest
-    differs sets :attr:`foreign` (the role must not act for it; its model says how it differs)."""
+    """What a role hears from the learner's stream at ``address`` (an XPUB: the learner's, or its host's
+    relay): with ``models``, the newest model (:meth:`newest_model`), and always control
+    (:meth:`take_control`). With ``snapshot`` (the stream's snapshot ROUTER) the role asks for the newest
+    model and control itself (module docstring). ``digest`` is the role's own task digest
+    (:func:`~zmqrl.roles.fit.signature_digest`): control from a learner whose digest differs sets
+    :attr:`foreign` (the role must not act for it; its model says how it differs).
+
+    :attr:`model_frame` and :attr:`control_frame` are the packed frames of the model last returned and
+    the control last applied, as they came (a relay passes them on unchanged)."""
 
     def __init__(self, role: RoleProcess, net: NetConfig, address: str, *, models: bool = True,
-                 digest: str | None = None, on_error: Callable[[WireError], None] | None = None) -> None:
+                 snapshot: str | None = None, digest: str | None = None,
+                 on_error: Callable[[WireError], None] | None = None) -> None:
         self.address, self.digest, self.on_error = address, digest, on_error
+        self.sender, self.incarnation = role.name, role.incarnation
         self.model_limits, self.control_limits = limits(net, MODEL), limits(net, CONTROL)
         self.control_sub = role.socket(zmq.SUB, options(net, SocketOptions.control(self.control_limits)),
                                        connect=address, link="to learner control {address}")
@@ -55,13 +74,29 @@ class LearnerStream:
         if models:
             self.model_sub = role.socket(zmq.SUB, options(net, SocketOptions.models(self.model_limits)),
                                          connect=address, link="to learner models {address}")
+        self._role, self._net = role, net
+        self.snapshot_address: str | None = None
+        self.snap_limits = limits(net, MODEL, CONTROL)
+        self.snap: zmq.Socket | None = None
+        if snapshot is not None and models:
+            self._connect_snapshots(snapshot)
         self.versions = VersionTracker()
         self.bad = 0  # messages on the stream that did not decode (or came on the wrong topic)
         self.foreign = False  # the newest control came from a learner of another task
-        self.asked = 0  # times a model older than control's was asked for again
-        self._waiting: Message | None = None  # control from a newer learner line, until its model is taken
+        self.asked = 0  # snapshot requests sent (at start, while no model came, for a model older than control's)
+        self.snapshot_models = 0  # models that came in snapshot replies
+        self.model_frame: Any = None
+        self.control_frame: Any = None
+        self._waiting: tuple[Message, Any] | None = None  # control, waiting until its line's model is taken
+        self._applied: tuple[str, int] = ("", -1)  # (incarnation, seq) of the control applied last
         self._announced = -1  # the newest model version control of the line in use named
         self._stale_since: float | None = None
+        self._asked_at = -float("inf")
+        self._snap_models: list[tuple[Message, Any]] = []
+        self._snap_controls: list[tuple[Message, Any]] = []
+        self._snap_seq = 0
+        if self.model_sub is not None:
+            self.ask()
 
     @property
     def down(self) -> bool:
@@ -71,31 +106,104 @@ class LearnerStream:
     def take_control(self, apply: Callable[[Message], None]) -> int:
         """``apply`` each control message that came since the last call from the line in use (in order,
         the newest last); returns how many bad messages were read."""
-        messages, bad = drain_control(self.control_sub, self.control_limits, on_error=self.on_error)
-        self.bad += bad
-        for msg in messages:
-            self._waiting = msg
-        if self._waiting is not None and self._current(self._waiting):
-            msg, self._waiting = self._waiting, None
+        bad = self._read_snapshots()
+        messages, bad_sub = drain_control_frames(self.control_sub, self.control_limits, on_error=self.on_error)
+        bad += bad_sub
+        self.bad += bad_sub
+        for heard in [*self._snap_controls, *messages]:
+            msg = heard[0]
+            if msg.incarnation == self._applied[0] and msg.seq <= self._applied[1]:
+                continue  # this control, or an older one, was applied already (a snapshot's and the stream's)
+            if self._waiting is None or msg.incarnation != self._waiting[0].incarnation \
+                    or msg.seq > self._waiting[0].seq:
+                self._waiting = heard
+        self._snap_controls = []
+        if self._waiting is not None and self._current(self._waiting[0]):
+            (msg, frame), self._waiting = self._waiting, None
             task = msg.meta.get("task")
             self.foreign = self.digest is not None and isinstance(task, str) and task != self.digest
             self._announced = msg.version
+            self._applied = (msg.incarnation, msg.seq)
+            self.control_frame = frame
+            self._discover(msg)
             apply(msg)
         self._ask_if_stale()
         return bad
 
+    def _connect_snapshots(self, address: str) -> None:
+        self.snapshot_address = address
+        self.snap = self._role.socket(zmq.DEALER, options(self._net, SocketOptions.snapshots(self.snap_limits)),
+                                      connect=address)
+
+    def _discover(self, msg: Message) -> None:
+        """Take the learner's snapshot port from its control when no snapshot address was given."""
+        port = msg.meta.get("snap")
+        if self.snap is not None or self.model_sub is None or not isinstance(port, int) or isinstance(port, bool) \
+                or not 0 < port < 65536:
+            return
+        self._connect_snapshots(same_host(self.address, port))
+
+    def ask(self) -> None:
+        """Ask the stream's snapshot ROUTER for its newest control and model (naming the model held)."""
+        if self.snap is None:
+            return
+        have = None if self.versions.incarnation is None else (self.versions.incarnation, self.versions.version)
+        try:
+            send_frames(self.snap, encode_snapshot_request(self.sender, self.incarnation, self._snap_seq, have),
+                        flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return  # its queue is full of requests already
+        self._snap_seq += 1
+        self.asked += 1
+        self._asked_at = time.monotonic()
+
     def _ask_if_stale(self) -> None:
-        """Subscribe to models again when the model in use has stayed older than control's for STALE_S."""
-        if self.model_sub is None or self.versions.incarnation is None or self._announced <= self.versions.version:
-            self._stale_since = None
+        """Ask for a snapshot while no model came, and when the model in use has stayed older than
+        control's for STALE_S."""
+        if self.model_sub is None or self.snap is None:
             return
         now = time.monotonic()
+        if self.versions.incarnation is None:
+            if now - self._asked_at >= STALE_S:
+                self.ask()
+            return
+        if self._announced <= self.versions.version:
+            self._stale_since = None
+            return
         if self._stale_since is None:
             self._stale_since = now
-        elif now - self._stale_since >= STALE_S:
-            self.model_sub.setsockopt(zmq.SUBSCRIBE, MODEL_SUBSCRIPTION)  # the publisher sees a join
-            self.asked += 1
+        elif now - self._stale_since >= STALE_S and now - self._asked_at >= STALE_S:
+            self.ask()
             self._stale_since = now
+
+    def _read_snapshots(self) -> int:
+        """Read the snapshot replies that came: their control and model wait for take_control and
+        newest_model. Returns how many frames were bad."""
+        if self.snap is None:
+            return 0
+        bad = 0
+        for _ in range(MAX_REPLIES):
+            try:
+                frames = self.snap.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            for frame in frames[:2]:
+                try:
+                    msg = decode([frame], self.snap_limits)
+                except WireError as exc:
+                    bad += 1
+                    if self.on_error is not None:
+                        self.on_error(exc)
+                    continue
+                if msg.kind == CONTROL:
+                    self._snap_controls.append((msg, frame))
+                elif msg.kind == MODEL and self.model_sub is not None:
+                    self._snap_models.append((msg, frame))
+                else:
+                    bad += 1
+            bad += max(0, len(frames) - 2)
+        self.bad += bad
+        return bad
 
     def _current(self, msg: Message) -> bool:
         return self.versions.incarnation is None or msg.incarnation == self.versions.incarnation
@@ -105,10 +213,24 @@ class LearnerStream:
         messages were read; ``observe`` sees every model decoded."""
         if self.model_sub is None:
             return None, 0
-        msg, bad = drain_latest_model(self.model_sub, self.versions, self.model_limits, observe=observe,
-                                      on_error=self.on_error)
-        self.bad += bad
-        return msg, bad
+        bad = self._read_snapshots()
+        latest: tuple[Message, Any] | None = None
+        for msg, frame in self._snap_models:
+            if observe is not None:
+                observe(msg)
+            if self.versions.offer(msg.incarnation, msg.version):
+                latest = (msg, frame)
+                self.snapshot_models += 1
+        self._snap_models = []
+        heard, bad_sub = drain_latest_model_frame(self.model_sub, self.versions, self.model_limits,
+                                                  observe=observe, on_error=self.on_error)
+        self.bad += bad_sub
+        if heard is not None:
+            latest = heard
+        if latest is None:
+            return None, bad + bad_sub
+        self.model_frame = latest[1]
+        return latest[0], bad + bad_sub
 
     def wait(self, timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for anything on the stream; whether something came."""
@@ -116,4 +238,6 @@ class LearnerStream:
         poller.register(self.control_sub, zmq.POLLIN)
         if self.model_sub is not None:
             poller.register(self.model_sub, zmq.POLLIN)
+        if self.snap is not None:
+            poller.register(self.snap, zmq.POLLIN)
         return bool(poller.poll(timeout_ms))

@@ -34,6 +34,7 @@ from .protocol import (
     PACKED_MAGICS,
     PROTOCOL_NAME,
     PROTOCOL_VERSION,
+    SNAPSHOT,
     STATS,
     SUPPORTED_VERSIONS,
     TOPIC_KINDS,
@@ -431,6 +432,14 @@ def encode_control(sender: str, incarnation: str, seq: int, version: int,
     requests to every role in ``meta``, ``version`` its newest model's, ``seq`` counting its controls."""
     return [pack(encode(CONTROL, sender=sender, incarnation=incarnation, seq=seq, version=version, meta=meta),
                  CONTROL_TOPIC)]
+
+
+def encode_snapshot_request(sender: str, incarnation: str, seq: int,
+                            have: tuple[str, int] | None) -> list[bytes | memoryview]:
+    """A SNAPSHOT request (one frame): the newest control and model, please; ``have`` is the
+    ``(incarnation, version)`` of the model held, if any (a server that has nothing newer sends no model)."""
+    meta: dict[str, Any] = {} if have is None else {"have": [have[0], int(have[1])]}
+    return encode(SNAPSHOT, sender=sender, incarnation=incarnation, seq=seq, version=NO_VERSION, meta=meta)
 
 
 def encode_stats(sender: str, incarnation: str, seq: int, stats: Mapping[str, Any]) -> list[bytes | memoryview]:

@@ -17,6 +17,11 @@ packed frame's first bytes: :data:`MODEL_TOPIC` (versioned parameters, sent with
 version, to new subscribers and every ``net.republish_s``) and :data:`CONTROL_TOPIC` (a few
 hundred bytes: the rate limiter's pause, allowance and grant, the start-up quota, ``done``).
 
+A role that holds no model, or one older than control names, asks the stream's snapshot ROUTER
+for it with a SNAPSHOT request (no arrays; ``meta["have"]`` the ``[incarnation, version]`` it
+holds): the reply is the newest control and model as packed frames, to that role alone (the
+ZeroMQ guide's Clone pattern), so a joiner never makes the publisher broadcast.
+
 A BUNDLE is a proxy's join of several actors' BATCH messages of one array layout: each array
 is theirs end to end, and ``meta`` is ``{"parts": [[sender, inc, seq, ver, n, meta], ...]}``,
 one entry per batch in order (its header's fields and its ``n`` rows), which the learner splits
@@ -49,7 +54,8 @@ EVAL = "eval"  # evaluator report: meta {"version", "returns", "lengths"}
 HELLO = "hello"  # a peer announcing itself (role info in meta), no arrays
 BUNDLE = "bundle"  # proxy -> learner: several actors' batches joined; meta["parts"] says whose rows are whose
 CONTROL = "control"  # learner -> every role: pause, allowance, grant, quota, done (meta), no arrays
-KINDS: frozenset[str] = frozenset({BATCH, MODEL, STATS, EVAL, HELLO, BUNDLE, CONTROL})
+SNAPSHOT = "snapshot"  # a role -> its stream's snapshot ROUTER: send me the newest control and model (meta "have")
+KINDS: frozenset[str] = frozenset({BATCH, MODEL, STATS, EVAL, HELLO, BUNDLE, CONTROL, SNAPSHOT})
 
 # The learner's stream (its XPUB) carries two topics, each message one packed frame whose first bytes
 # are its topic: a subscriber takes models, control or both, and each can be conflated on its own.

@@ -124,6 +124,17 @@ class SocketOptions:
         return cls.sub(limits, **{"subscribe": (MODEL_SUBSCRIPTION,), **overrides})
 
     @classmethod
+    def snapshots(cls, limits: Limits = DEFAULT_LIMITS, **overrides: Any) -> SocketOptions:
+        """A role's DEALER to its stream's snapshot ROUTER: a request or two queued, a reply or two
+        kept (each may hold a model), MAXMSGSIZE from ``limits``."""
+        return replace(cls(sndhwm=2, rcvhwm=2, maxmsgsize=cls.receive_limit(limits)), **overrides)
+
+    @classmethod
+    def snapshot_server(cls, **overrides: Any) -> SocketOptions:
+        """A stream's snapshot ROUTER: requests are one small frame each; replies a few per peer."""
+        return replace(cls(sndhwm=4, rcvhwm=256, maxmsgsize=4096), **overrides)
+
+    @classmethod
     def control(cls, limits: Limits = DEFAULT_LIMITS, **overrides: Any) -> SocketOptions:
         """Control subscriber (conflated: each control message says the whole state)."""
         return cls.sub(limits, **{"subscribe": (CONTROL_TOPIC,), **overrides})
@@ -333,10 +344,11 @@ def peer_key(frames: Sequence[Any]) -> bytes | None:
 
 
 def _drain(sock: zmq.Socket, kind: str, limits: Limits, max_messages: int,
-           on_error: Callable[[WireError], None] | None) -> tuple[list[Message], int]:
+           on_error: Callable[[WireError], None] | None) -> tuple[list[tuple[Message, Any]], int]:
     """Every queued message of ``kind`` (at most ``max_messages`` read, without blocking), in arrival
-    order, and how many were bad (undecodable, or of another kind); ``on_error`` sees each decode error."""
-    out: list[Message] = []
+    order, each with its first frame as received (a packed message's only one), and how many were bad
+    (undecodable, or of another kind); ``on_error`` sees each decode error."""
+    out: list[tuple[Message, Any]] = []
     bad = 0
     if not sock.poll(0, zmq.POLLIN):  # the common case, without raising zmq.Again
         return out, 0
@@ -355,7 +367,7 @@ def _drain(sock: zmq.Socket, kind: str, limits: Limits, max_messages: int,
         if msg.kind != kind:
             bad += 1
             continue
-        out.append(msg)
+        out.append((msg, frames[0]))
     return out, bad
 
 
@@ -377,13 +389,28 @@ def drain_latest_model(
     ``observe`` sees every decoded MODEL message, accepted or not;
     ``on_error`` sees why each undecodable message was refused.
     """
-    latest: Message | None = None
+    heard, bad = drain_latest_model_frame(sock, tracker, limits, max_messages=max_messages, observe=observe,
+                                          on_error=on_error)
+    return (None if heard is None else heard[0]), bad
+
+
+def drain_latest_model_frame(
+    sock: zmq.Socket,
+    tracker: VersionTracker,
+    limits: Limits = DEFAULT_LIMITS,
+    *,
+    max_messages: int = 10_000,
+    observe: Callable[[Message], None] | None = None,
+    on_error: Callable[[WireError], None] | None = None,
+) -> tuple[tuple[Message, Any] | None, int]:
+    """:func:`drain_latest_model`, the model with its packed frame as received (a relay passes it on)."""
+    latest: tuple[Message, Any] | None = None
     models, bad = _drain(sock, MODEL, limits, max_messages, on_error)
-    for msg in models:
+    for msg, frame in models:
         if observe is not None:
             observe(msg)
         if tracker.offer(msg.incarnation, msg.version):
-            latest = msg
+            latest = (msg, frame)
     return latest, bad
 
 
@@ -396,4 +423,16 @@ def drain_control(
 ) -> tuple[list[Message], int]:
     """Read every queued CONTROL message without blocking (with CONFLATE: the newest one); returns
     them in arrival order and how many messages were bad (undecodable or not CONTROL)."""
+    heard, bad = drain_control_frames(sock, limits, max_messages=max_messages, on_error=on_error)
+    return [msg for msg, _ in heard], bad
+
+
+def drain_control_frames(
+    sock: zmq.Socket,
+    limits: Limits = DEFAULT_LIMITS,
+    *,
+    max_messages: int = 1000,
+    on_error: Callable[[WireError], None] | None = None,
+) -> tuple[list[tuple[Message, Any]], int]:
+    """:func:`drain_control`, each message with its packed frame as received."""
     return _drain(sock, CONTROL, limits, max_messages, on_error)

@@ -4,7 +4,8 @@
 A cluster runs one ``zmqrl head`` on the learner's machine and one ``zmqrl host`` per actor
 machine; Slurm (``launch/slurm/``) and Kubernetes (``launch/k8s/``) do exactly that. Hosts find
 the learner by its machine's name or address and the config's ``net.data_port`` and
-``net.model_port``; each host's proxy listens on loopback only, for that host's actors. Actor ids
+``net.model_port`` (and ``net.snapshot_port``); each host's proxy listens on loopback only, for that
+host's actors, and (``net.relay``) relays the learner's models and control to them. Actor ids
 are unique across hosts (``--first-id``) and below ``actor.num_actors``, the total over all hosts.
 """
 
@@ -67,7 +68,7 @@ def run_head(cfg: Config, config_path: str | None, overrides: list[str], run_dir
     net = cfg.net
     bind_host = bind or net.bind_host
     local = "127.0.0.1" if bind_host in ("0.0.0.0", "*") else bind_host  # where the evaluator reaches the learner
-    ports = {"data": net.data_port, "model": net.model_port, "eval": net.eval_port}
+    ports = {"data": net.data_port, "model": net.model_port, "eval": net.eval_port, "snapshot": net.snapshot_port}
     for key, port in ports.items():
         if port == 0:  # "pick a free one": picked once here, so a restarted learner binds the same
             ports[key] = free_port("127.0.0.1" if bind_host in ("0.0.0.0", "*") else bind_host)
@@ -77,10 +78,12 @@ def run_head(cfg: Config, config_path: str | None, overrides: list[str], run_dir
     def plan(attempt: int) -> list[RoleSpec]:
         roles = [RoleSpec("learner", "learner", zmqrl_command(
             "learner", cfg_args, *rd, "--bind-data", f"tcp://{bind_host}:{ports['data']}",
-            "--bind-model", f"tcp://{bind_host}:{ports['model']}", "--bind-eval", f"tcp://{bind_host}:{ports['eval']}"))]
+            "--bind-model", f"tcp://{bind_host}:{ports['model']}", "--bind-eval", f"tcp://{bind_host}:{ports['eval']}",
+            "--bind-snapshot", f"tcp://{bind_host}:{ports['snapshot']}"))]
         if evaluator:
             roles.append(RoleSpec("evaluator", "evaluator", zmqrl_command(
                 "evaluator", cfg_args, *rd, "--learner", f"tcp://{local}:{ports['model']}",
+                "--snapshot", f"tcp://{local}:{ports['snapshot']}",
                 "--report", f"tcp://{local}:{ports['eval']}"), start_after=FIRST_UPDATE_FILE))
         return roles
 
@@ -88,8 +91,9 @@ def run_head(cfg: Config, config_path: str | None, overrides: list[str], run_dir
     if bind_host.startswith("127.") or bind_host in ("localhost", "::1"):
         log.info("head: the learner binds %s, so only this machine reaches it; --bind 0.0.0.0 (or this machine's "
                  "address) lets hosts on other machines in", bind_host)
-    log.info("head: %s the learner on %s (data %d, models %d, evaluations %d)%s; logs in %s",
+    log.info("head: %s the learner on %s (data %d, models %d, evaluations %d, snapshots %d)%s; logs in %s",
              "resuming" if resume else "starting", bind_host, ports["data"], ports["model"], ports["eval"],
+             ports["snapshot"],
              " and the evaluator" if evaluator else "", path / "logs")
     supervisor = Supervisor("head", "head", path, plan, anchor="learner", max_restarts=max_restarts,
                             fail_fast=fail_fast, resume=resume, grace_s=grace_s, progress_total=cfg.trainer.max_opts)
@@ -125,16 +129,24 @@ def run_host(cfg: Config, config_path: str | None, overrides: list[str], learner
         raise ConfigError(f"--name: {name!r} may hold only letters, digits, '_', '.', '-'")
     path = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}-host-{name}")
     data, model = f"tcp://{host}:{cfg.net.data_port}", f"tcp://{host}:{cfg.net.model_port}"
+    snapshot = f"tcp://{host}:{cfg.net.snapshot_port}"
     cfg_args = config_args(config_path, overrides)
     rd = ["--run-dir", str(path)]
     proxy_name = f"proxy-{name}"
 
     def plan(attempt: int) -> list[RoleSpec]:
         proxy = f"tcp://127.0.0.1:{free_port()}"
+        relay_args: list[str] = []
+        stream = (model, snapshot)
+        if cfg.net.relay:  # the host's relay, in its proxy: the learner sends each model once to this host
+            stream = (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+            relay_args = ["--relay", stream[0], "--relay-snapshot", stream[1]]
         roles = [RoleSpec(proxy_name, "proxy", zmqrl_command("proxy", cfg_args, *rd, "--bind", proxy, "--learner",
-                                                            data, "--name", proxy_name))]
+                                                            data, "--models", model, "--snapshot", snapshot,
+                                                            "--name", proxy_name, *relay_args))]
         roles += [RoleSpec(f"actor-{i}", "actor", zmqrl_command("actor", cfg_args, *rd, "--id", str(i), "--proxy",
-                                                                proxy, "--learner", model))
+                                                                proxy, "--learner", stream[0],
+                                                                "--snapshot", stream[1]))
                   for i in range(first_id, first_id + actors)]
         return roles
 

@@ -34,25 +34,35 @@ def config_args(config_path: str | None, overrides: list[str], *extra: str) -> l
 
 
 def plan_roles(config_path: str | None, overrides: list[str], actors: int, run_dir: Path,
-               evaluator: bool, host: str = "127.0.0.1") -> tuple[list[RoleSpec], dict[str, Any]]:
-    """The command line of every role, with free loopback ports, and the endpoints they use."""
-    ports = {k: free_port(host) for k in ("data", "model", "eval", "proxy")}
-    addr = {k: f"tcp://{host}:{p}" for k, p in ports.items()}
+               evaluator: bool, host: str = "127.0.0.1", relay: bool = True) -> tuple[list[RoleSpec], dict[str, Any]]:
+    """The command line of every role, with free loopback ports, and the endpoints they use. With ``relay``
+    the proxy relays the learner's stream and the actors subscribe to it (``net.relay``)."""
+    names = ("data", "model", "eval", "snapshot", "proxy") + (("relay", "relay_snapshot") if relay else ())
+    addr = {k: f"tcp://{host}:{free_port(host)}" for k in names}
     cfg_args = config_args(config_path, overrides, f"actor.num_actors={actors}")
     rd = ["--run-dir", str(run_dir)]
+    relay_args = ["--relay", addr["relay"], "--relay-snapshot", addr["relay_snapshot"]] if relay else []
+    stream = (addr["relay"], addr["relay_snapshot"]) if relay else (addr["model"], addr["snapshot"])
     roles = [RoleSpec("learner", "learner", zmqrl_command("learner", cfg_args, *rd, "--bind-data", addr["data"],
-                                                         "--bind-model", addr["model"], "--bind-eval", addr["eval"])),
+                                                         "--bind-model", addr["model"], "--bind-eval", addr["eval"],
+                                                         "--bind-snapshot", addr["snapshot"])),
              RoleSpec("proxy", "proxy", zmqrl_command("proxy", cfg_args, *rd, "--bind", addr["proxy"],
-                                                     "--learner", addr["data"], "--models", addr["model"]))]
+                                                     "--learner", addr["data"], "--models", addr["model"],
+                                                     "--snapshot", addr["snapshot"], *relay_args))]
     roles += [RoleSpec(f"actor-{i}", "actor", zmqrl_command("actor", cfg_args, *rd, "--id", str(i), "--proxy",
-                                                            addr["proxy"], "--learner", addr["model"]))
+                                                            addr["proxy"], "--learner", stream[0],
+                                                            "--snapshot", stream[1]))
               for i in range(actors)]
     if evaluator:
         roles.append(RoleSpec("evaluator", "evaluator", zmqrl_command("evaluator", cfg_args, *rd, "--learner",
-                                                                     addr["model"], "--report", addr["eval"]),
+                                                                     addr["model"], "--snapshot", addr["snapshot"],
+                                                                     "--report", addr["eval"]),
                               start_after=FIRST_UPDATE_FILE))  # not competing with the learner's start
-    endpoints = {"learner": {"data": addr["data"], "model": addr["model"], "eval": addr["eval"]},
-                 "proxy": {"bind": addr["proxy"]}, "roles": {r.name: r.argv[3:] for r in roles}}
+    endpoints = {"learner": {"data": addr["data"], "model": addr["model"], "eval": addr["eval"],
+                             "snapshot": addr["snapshot"]},
+                 "proxy": {"bind": addr["proxy"],
+                           **({"relay": addr["relay"], "relay_snapshot": addr["relay_snapshot"]} if relay else {})},
+                 "roles": {r.name: r.argv[3:] for r in roles}}
     return roles, endpoints
 
 
@@ -86,7 +96,7 @@ def run_local(cfg: Config, config_path: str | None, overrides: list[str], actors
         summary_path.unlink()  # a fresh run; the learner writes a new one
 
     def plan(attempt: int) -> list[RoleSpec]:
-        roles, endpoints = plan_roles(config_path, overrides, actors, path, evaluator)
+        roles, endpoints = plan_roles(config_path, overrides, actors, path, evaluator, relay=cfg.net.relay)
         write_json_atomic(path / "endpoints.json", endpoints)
         return roles
 
