@@ -54,6 +54,7 @@ class Relay(Beside):
         self.models_refused = 0  # models held back: their task signature is not the one their control names
         self.joins = 0
         self.dropped = 0
+        self.republished = 0  # the learner's republishes of the newest model, passed on
 
     def work(self) -> None:
         stream = self.upstream
@@ -74,13 +75,18 @@ class Relay(Beside):
 
     def pass_on(self) -> None:
         """Take what came from the learner and publish it: control of the line in use, then the newest
-        model (and control of a new line, which waited for its model)."""
+        model (and control of a new line, which waited for its model); the learner's republishes of
+        control and of the newest model are passed on too (the stream's backstop)."""
         stream = self.upstream
         stream.take_control(self._take_control)
-        msg, _ = stream.newest_model()
+        heard: list[Message] = []
+        msg, _ = stream.newest_model(observe=heard.append)
         if msg is not None:
             self._take_model(msg, stream.model_frame)
             stream.take_control(self._take_control)
+        elif self._model is not None and any((m.incarnation, m.version) == self._model_key for m in heard):
+            self.republished += 1  # the learner's republish of the model kept here: passed on as it came
+            self._publish(self._model)
 
     def _take_control(self, msg: Message) -> None:
         task = msg.meta.get("task")
@@ -135,7 +141,7 @@ class Relay(Beside):
         up = self.upstream
         return {"models_relayed": self.models, "model_bytes_relayed": self.model_bytes,
                 "controls_relayed": self.controls, "control_bytes_relayed": self.control_bytes,
-                "models_refused": self.models_refused, "subscriptions": self.joins, "sends_dropped": self.dropped,
+                "models_refused": self.models_refused, "models_republished": self.republished, "subscriptions": self.joins, "sends_dropped": self.dropped,
                 "version": self.version, "upstream_asked": up.asked, "upstream_snapshot_models": up.snapshot_models,
                 "upstream_bad": up.bad, "cpu_s": round(self.cpu_s(), 3),
                 **self.snapshots.stats()}

@@ -78,6 +78,7 @@ class LearnerStream:
         self.snapshot_address: str | None = None
         self.snap_limits = limits(net, MODEL, CONTROL)
         self.snap: zmq.Socket | None = None
+        self._discovering = snapshot is None and models  # the learner's control names its snapshot port
         if snapshot is not None and models:
             self._connect_snapshots(snapshot)
         self.versions = VersionTracker()
@@ -112,8 +113,9 @@ class LearnerStream:
         self.bad += bad_sub
         for heard in [*self._snap_controls, *messages]:
             msg = heard[0]
-            if msg.incarnation == self._applied[0] and msg.seq <= self._applied[1]:
-                continue  # this control, or an older one, was applied already (a snapshot's and the stream's)
+            self._discover(msg)
+            if msg.incarnation == self._applied[0] and msg.seq < self._applied[1]:
+                continue  # older than the control applied (a snapshot's and the stream's may cross)
             if self._waiting is None or msg.incarnation != self._waiting[0].incarnation \
                     or msg.seq > self._waiting[0].seq:
                 self._waiting = heard
@@ -125,23 +127,27 @@ class LearnerStream:
             self._announced = msg.version
             self._applied = (msg.incarnation, msg.seq)
             self.control_frame = frame
-            self._discover(msg)
             apply(msg)
         self._ask_if_stale()
         return bad
 
     def _connect_snapshots(self, address: str) -> None:
+        if self.snap is not None:
+            self.snap.close(linger=0)
         self.snapshot_address = address
         self.snap = self._role.socket(zmq.DEALER, options(self._net, SocketOptions.snapshots(self.snap_limits)),
                                       connect=address)
 
     def _discover(self, msg: Message) -> None:
-        """Take the learner's snapshot port from its control when no snapshot address was given."""
+        """Take the learner's snapshot port from its control when no snapshot address was given (again when
+        a restarted learner names another)."""
         port = msg.meta.get("snap")
-        if self.snap is not None or self.model_sub is None or not isinstance(port, int) or isinstance(port, bool) \
-                or not 0 < port < 65536:
+        if not self._discovering or not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
             return
-        self._connect_snapshots(same_host(self.address, port))
+        address = same_host(self.address, port)
+        if address != self.snapshot_address:
+            self._connect_snapshots(address)
+            self._asked_at = -float("inf")
 
     def ask(self) -> None:
         """Ask the stream's snapshot ROUTER for its newest control and model (naming the model held)."""
@@ -159,7 +165,8 @@ class LearnerStream:
 
     def _ask_if_stale(self) -> None:
         """Ask for a snapshot while no model came, and when the model in use has stayed older than
-        control's for STALE_S."""
+        control's for STALE_S, or control of a new learner line (a restarted learner) has waited that
+        long for its model."""
         if self.model_sub is None or self.snap is None:
             return
         now = time.monotonic()
@@ -167,8 +174,8 @@ class LearnerStream:
             if now - self._asked_at >= STALE_S:
                 self.ask()
             return
-        if self._announced <= self.versions.version:
-            self._stale_since = None
+        if self._announced <= self.versions.version and self._waiting is None:
+            self._stale_since = None  # (control of a new learner line waiting for its model: a restart)
             return
         if self._stale_since is None:
             self._stale_since = now
