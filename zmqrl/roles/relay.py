@@ -141,7 +141,8 @@ class Relay(Beside):
         up = self.upstream
         return {"models_relayed": self.models, "model_bytes_relayed": self.model_bytes,
                 "controls_relayed": self.controls, "control_bytes_relayed": self.control_bytes,
-                "models_refused": self.models_refused, "models_republished": self.republished, "subscriptions": self.joins, "sends_dropped": self.dropped,
+                "models_refused": self.models_refused, "models_republished": self.republished,
+                "subscriptions": self.joins, "sends_dropped": self.dropped,
                 "version": self.version, "upstream_asked": up.asked, "upstream_snapshot_models": up.snapshot_models,
                 "upstream_bad": up.bad, "cpu_s": round(self.cpu_s(), 3),
                 **self.snapshots.stats()}
