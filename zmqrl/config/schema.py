@@ -153,8 +153,7 @@ class NetConfig:
     proxy_port: int = 5557  # proxy PULL (actors connect here); 0 picks a free port
     eval_port: int = 5558  # learner PULL for evaluator reports; 0 picks a free port
     snapshot_port: int = 5559  # learner ROUTER: a joiner asks here for the newest model and control; 0 picks a free one
-    relay: bool = True  # actors take models and control from their host's relay (the learner sends each model once
-    #                     per host); false: every actor subscribes to the learner itself
+    relay: bool = True  # actors take models and control from their host's relay (once per host); false: the learner's
     max_message_mb: float = 256.0  # messages larger than this are refused
     heartbeat_ms: int = 500  # ZeroMQ heartbeat interval on model and evaluation links
     heartbeat_timeout_ms: int = 2000  # peer considered gone after this silence
