@@ -129,7 +129,8 @@ def run_host(cfg: Config, config_path: str | None, overrides: list[str], learner
         raise ConfigError(f"--name: {name!r} may hold only letters, digits, '_', '.', '-'")
     path = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}-host-{name}")
     data, model = f"tcp://{host}:{cfg.net.data_port}", f"tcp://{host}:{cfg.net.model_port}"
-    snapshot = f"tcp://{host}:{cfg.net.snapshot_port}"
+    # net.snapshot_port 0 (the head picked one): roles take the port the learner's control names
+    snapshot_args = ["--snapshot", f"tcp://{host}:{cfg.net.snapshot_port}"] if cfg.net.snapshot_port else []
     cfg_args = config_args(config_path, overrides)
     rd = ["--run-dir", str(path)]
     proxy_name = f"proxy-{name}"
@@ -137,16 +138,16 @@ def run_host(cfg: Config, config_path: str | None, overrides: list[str], learner
     def plan(attempt: int) -> list[RoleSpec]:
         proxy = f"tcp://127.0.0.1:{free_port()}"
         relay_args: list[str] = []
-        stream = (model, snapshot)
+        stream = ["--learner", model, *snapshot_args]
         if cfg.net.relay:  # the host's relay, in its proxy: the learner sends each model once to this host
-            stream = (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
-            relay_args = ["--relay", stream[0], "--relay-snapshot", stream[1]]
+            relay = (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+            relay_args = ["--relay", relay[0], "--relay-snapshot", relay[1]]
+            stream = ["--learner", relay[0], "--snapshot", relay[1]]
         roles = [RoleSpec(proxy_name, "proxy", zmqrl_command("proxy", cfg_args, *rd, "--bind", proxy, "--learner",
-                                                            data, "--models", model, "--snapshot", snapshot,
+                                                            data, "--models", model, *snapshot_args,
                                                             "--name", proxy_name, *relay_args))]
         roles += [RoleSpec(f"actor-{i}", "actor", zmqrl_command("actor", cfg_args, *rd, "--id", str(i), "--proxy",
-                                                                proxy, "--learner", stream[0],
-                                                                "--snapshot", stream[1]))
+                                                                proxy, *stream))
                   for i in range(first_id, first_id + actors)]
         return roles
 
