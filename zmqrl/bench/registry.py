@@ -20,6 +20,7 @@ GROUPS: dict[str, str] = {  # name -> module whose run(ctx) returns the group's 
     "broadcast": "zmqrl.bench.broadcast",
     "startup": "zmqrl.bench.startup",
     "scaling": "zmqrl.bench.scaling",
+    "scale": "zmqrl.bench.scale",
     "solve": "zmqrl.bench.solve",
 }
 
