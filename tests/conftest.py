@@ -33,16 +33,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 SHARED = {"multihost": "netns", "slurm": "slurm"}  # marks of tests that share one resource: for one worker
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without ``--all-seeds`` (or ``-m`` naming ``allseeds``) the extra seeds and controls of learning tests
-    (``tiers.seeds``, the ``allseeds`` mark) are deselected; the tests
-    of one shared resource are marked to run on one worker (``xdist_group``; see docs/development.md on
-    whether the installed pytest-xdist honours it); the longest go first
-    (``tiers.heavy_first``, from ``tests/durations.json``)."""
+    (``tiers.seeds``, the ``allseeds`` mark) are deselected; the tests of one shared resource are marked to
+    run on one worker (``xdist_group``) and, on an xdist worker, carry their group in their id
+    (:func:`_name_groups`); the longest go first (``tiers.heavy_first``, from ``tests/durations.json``)."""
     for item in items:
         for mark, group in SHARED.items():
             if item.get_closest_marker(mark) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
+    _name_groups(config, items)
     heavy_first(items, _unit_of, read_durations())
     if config.getoption("--all-seeds") or "allseeds" in (config.getoption("markexpr") or ""):
         return
@@ -52,10 +53,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.get_closest_marker("allseeds") is None]
 
 
+def _group_of(item: pytest.Item) -> str | None:
+    """An item's ``xdist_group`` as pytest-xdist names it: its groups' names sorted and joined by ``_``."""
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    return "_".join(sorted(names)) or None
+
+
+def _name_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker under ``--dist loadgroup``: each grouped test's id ends in ``@GROUP``, the one thing
+    the controller's scheduler reads to send a group's tests to one worker, one after another.
+
+    pytest-xdist's worker appends it in its own ``pytest_collection_modifyitems``, which does not do it for
+    this suite: (1) it runs before this conftest's hook (its plugin registers after the conftest), so the
+    groups the ``slurm`` and ``multihost`` marks give above were never named, whatever the versions; (2) with
+    pytest 9.2 it names none at all: it writes ``item._nodeid``, while a node's id is now read from the
+    structured ``item._id`` (pytest-xdist issue 1386). This hook runs last (``trylast``) and names the groups
+    itself where the id lacks them, through whichever attribute the running pytest reads; should neither
+    take, it stops the run rather than let the groups' tests run on both workers at once."""
+    if not hasattr(config, "workerinput") or not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        group = _group_of(item)
+        if group is None or item.nodeid.endswith(f"@{group}"):
+            continue
+        named = f"{item.nodeid}@{group}"
+        ident = getattr(item, "_id", None)
+        if ident is not None and callable(getattr(type(ident), "parse", None)):
+            item._id = type(ident).parse(named)  # pytest >= 9.2: the id is structured (_pytest.nodeid.NodeId)
+        else:
+            item._nodeid = named  # type: ignore[attr-defined]  # earlier pytest: the id is this string
+        if item.nodeid != named:
+            raise pytest.UsageError(f"cannot put {named!r} in this pytest's node id: the xdist_group "
+                                    "would not be kept on one worker (see tests/conftest.py, _name_groups)")
+
+
 def _unit_of(item: pytest.Item) -> str:
     """What one worker runs as one unit: the tests of an ``xdist_group`` together, any other test alone."""
-    group = item.get_closest_marker("xdist_group")
-    return f"group:{group.args[0]}" if group is not None and group.args else item.nodeid
+    group = _group_of(item)
+    return f"group:{group}" if group is not None else item.nodeid
 
 
 @pytest.fixture
