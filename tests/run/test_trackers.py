@@ -91,7 +91,7 @@ class MlflowServer:
 
 
 # the tests on the module's server, to run on one worker so that it starts once (16-25 s) in a run of the suite
-# (pytest-xdist 3.8 with pytest 9.2 does not keep an xdist_group on one worker: each worker starts its own)
+# (tests/conftest.py names the group in their ids, which pytest-xdist's own hook cannot under pytest 9.2)
 ONE_SERVER = pytest.mark.xdist_group("mlflow-server")
 
 
