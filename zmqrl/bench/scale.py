@@ -168,6 +168,7 @@ class ScaleRun:
     proxy_cpu: float = 0.0  # the proxies' CPU-s over the steady window (every thread)
     proxy_main_cpu: float = 0.0  # ... their main threads (the data path)
     relay_cpu: float = 0.0  # ... their relay threads (their own count)
+    relay_snapshot_models: int = 0  # models the relays took from the learner's snapshots (missed on the stream)
     forwarded: int = 0  # transitions the learner took in over that window
     copied: int = 0  # model bytes the simulated actors copied into their buffers
     wall_s: float = 0.0
@@ -491,6 +492,8 @@ def measure(c: Context, load: Load, n: int, *, hosts: int | None = None, relay: 
     result.holding_newest = sum(any(v >= result.newest_version for v, _ in a["versions"]) for a in actors)
     result.copied = sum(int(a["copied"]) for a in actors)
     result.relay_cpu = sum(float(((r or {}).get("relay") or {}).get("cpu_s", 0.0)) for r in relays)
+    result.relay_snapshot_models = sum(int(((r or {}).get("relay") or {}).get("upstream_snapshot_models", 0))
+                                       for r in relays)
     final = read_json(run_dir / "summary.json") or {}
     accounts = final.get("actors", {})
     result.accepted_from = sum(int(accounts.get(f"sim-{i}", {}).get("transitions", 0)) > 0 for i in range(n))
@@ -649,7 +652,9 @@ def rows_of(runs: list[ScaleRun], base: ScaleRun) -> list[Row]:
             f"connections on those ports); the publisher's own counts over the window: "
             f"{pub.get('models_published', 0):.0f} model sends of {pub.get('model_versions_sent', 0):.0f} versions, "
             f"snapshot model bytes "
-            f"{pub.get('snapshot_model_bytes', 0):,.0f}; N=8: {base_per or 0:,.0f} B a version; the goal's 1% is "
+            f"{pub.get('snapshot_model_bytes', 0):,.0f} (the relays took {r.relay_snapshot_models} models from "
+            f"snapshots over the run: at start and any they missed); N=8: {base_per or 0:,.0f} B a version; "
+            f"the goal's 1% is "
             f"ZMTP framing and heartbeats (a model more per version would be {1 + 1 / (r.hosts + 1):.3f})",
             ("<=", BYTES_SLACK)))
         out.append(make_row(
@@ -700,7 +705,9 @@ def rows_of(runs: list[ScaleRun], base: ScaleRun) -> list[Row]:
             wire = f"{r.joiner_wire_bytes / len(waits):,.0f}" if r.joiner_wire_bytes >= 0 else "-"
             note = (f"{shape}: snapshot bytes (models and control) the learner sent while {len(waits)} actors joined, "
                     f"per joiner (its summaries); bytes that left its ports beyond its stream's versions, per "
-                    f"joiner: {wire}; baseline one model ({model:,} B)")
+                    f"joiner: {wire}; baseline one model ({model:,} B); the relays took {r.relay_snapshot_models} "
+                    f"models from the learner's snapshots over the run (each at start, then any it missed on "
+                    f"the stream: its PUB drops what a busy relay's queue cannot take)")
             ratio = per / model if model else None
             out.append(Row(f"{name}_joiner_bytes", float(per), float(model), ratio, "<= 1",
                            None if ratio is None else ratio <= 1.0, "bytes", note))

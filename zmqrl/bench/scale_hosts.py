@@ -75,7 +75,7 @@ class SimActor:
         self.buffers: dict[str, np.ndarray] = {}  # the model's arrays, allocated at the first model
         self.copied = 0  # model bytes copied into them
         self.versions: list[tuple[int, float]] = []  # (version taken, time.time())
-        self.pauses: list[tuple[int, bool, float]] = []  # (control seq, paused, time.time()) at each change
+        self.pauses: list[tuple[int, bool, float]] = []  # (control seq, paused, time.time()): each paused, each resume
         self.paused = False
         self.done = False
         self.created = time.monotonic()
@@ -103,9 +103,9 @@ class SimActor:
     def _control(self, msg: Message) -> None:
         self.allowance.observe(msg, self.made)
         paused = msg.meta.get("pause") is True
-        if paused != self.paused or not self.pauses:
+        if paused or paused != self.paused:  # every paused control (a pause it missed the end of goes on)
             self.pauses.append((msg.seq, paused, time.time()))
-            self.paused = paused
+        self.paused = paused
         self.done = self.done or bool(msg.meta.get("done"))
 
     def send(self, messages: list[dict[str, np.ndarray]], started: float) -> bool:
