@@ -133,6 +133,7 @@ def test_models_go_out_with_new_versions_and_on_the_slow_republish_never_for_a_j
         pub.post_control(ControlState(paused=paused, allowance=100))
     assert len(first.read(0.2)) == 1
     late = [Listener(zctx, address, MODEL_TOPIC)]
+    wait_for(lambda: pub.model_joins == 2, 5, "the second subscription")
     pub.post_model(2, model(2))
     assert [m.version for m in late[0].read(0.3)] == [2]
     count = len(late[0].messages)
