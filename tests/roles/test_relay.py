@@ -26,7 +26,7 @@ from zmqrl.roles.publisher import ControlState, Publisher
 from zmqrl.roles.ratelimit import Allowances
 from zmqrl.roles.skeleton import RoleProcess
 from zmqrl.roles.snapshots import SnapshotServer
-from zmqrl.roles.stream import LearnerStream
+from zmqrl.roles.stream import SILENT_S, LearnerStream
 from zmqrl.wire import SocketOptions, encode_model, encode_snapshot_request, keygen, send_frames
 
 pytestmark = pytest.mark.timeout(90)
@@ -218,11 +218,15 @@ def test_a_learner_restart_is_seen_through_a_relay(
     try:
         first.publish(5)
         all_hold(roles, 5, incarnation=first.incarnation)
+        assert not any(r.stream.down for r in roles)
     finally:
         first.close()
+    # the roles' link to their relay stays up: the learner's silence tells them it is out of reach
+    wait_for(lambda: all(r.poll() >= 0 and r.stream.down for r in roles), SILENT_S + 10, "the roles to see it gone")
     second = rig(Learner, cfg, model, snap)  # restarted without --resume: a new version line
     second.publish(0)
     all_hold(roles, 0, incarnation=second.incarnation)
+    assert not any(r.stream.down for r in roles)
     wait_for(lambda: all(r.poll() == 0 and r.stream._applied[0] == second.incarnation for r in roles), 10,
              "control of the new line")
 

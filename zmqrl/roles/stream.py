@@ -48,6 +48,7 @@ from zmqrl.wire.monitor import LinkMonitor
 
 STALE_S = 1.0  # a model older than the one control names for this long is asked for again
 MAX_REPLIES = 16  # snapshot replies read per call
+SILENT_S = 5.0  # no control for this long (the learner sends it every second): the learner is out of reach
 
 
 class LearnerStream:
@@ -96,13 +97,18 @@ class LearnerStream:
         self._snap_models: list[tuple[Message, Any]] = []
         self._snap_controls: list[tuple[Message, Any]] = []
         self._snap_seq = 0
+        self._heard_at: float | None = None  # when control last came (any, repeats included)
         if self.model_sub is not None:
             self.ask()
 
     @property
     def down(self) -> bool:
-        """Whether the link to the learner is down (no control can come)."""
-        return self.control_link.down
+        """Whether the learner is out of reach: the link to the stream is down, or no control came for
+        :data:`SILENT_S` after some had (the learner sends it every second; through a relay whose own
+        link to the learner is down, the host's link stays up and only the silence tells)."""
+        if self.control_link.down:
+            return True
+        return self._heard_at is not None and time.monotonic() - self._heard_at > SILENT_S
 
     def take_control(self, apply: Callable[[Message], None]) -> int:
         """``apply`` each control message that came since the last call from the line in use (in order,
@@ -111,6 +117,8 @@ class LearnerStream:
         messages, bad_sub = drain_control_frames(self.control_sub, self.control_limits, on_error=self.on_error)
         bad += bad_sub
         self.bad += bad_sub
+        if messages or self._snap_controls:
+            self._heard_at = time.monotonic()
         for heard in [*self._snap_controls, *messages]:
             msg = heard[0]
             self._discover(msg)
