@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import zmq
 
+import procs
+from rigs import tcp
 from zmqrl.config import Config
-from zmqrl.roles.addresses import free_port
 from zmqrl.roles.fit import signature_digest
 from zmqrl.roles.net import options
 from zmqrl.roles.proxy import Proxy
@@ -35,15 +36,8 @@ PARAMS = {"w": np.arange(250_000, dtype=np.float32)}  # a 1 MB model
 TASK = {"algo": "dqn", "env_id": "CartPole-v1", "obs": ["Box", [4], "<f4"], "action": ["Discrete", 2]}
 
 
-def tcp() -> str:
-    return f"tcp://127.0.0.1:{free_port()}"
-
-
 def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    procs.wait_for(cond, timeout, what, interval=0.01)
 
 
 class Learner:
@@ -62,6 +56,7 @@ class Learner:
                                    SnapshotServer(router, "learner", net.republish_s, burst=net.max_peers))
         self.publisher.start()
         self.size = len(self.frame(0))
+        self.addresses = (model, snapshot)
 
     @property
     def incarnation(self) -> str:
@@ -136,6 +131,17 @@ def rig(cartpole_cfg: Callable[..., Config]) -> Iterator[Callable[..., Any]]:
         thing.close()
 
 
+def one_host(rig: Callable[..., Any], cfg: Config) -> tuple[Learner, Host, Role]:
+    """A learner, one host's relay and one role behind it, the role holding version 1."""
+    model, snap = tcp(), tcp()
+    learner = rig(Learner, cfg, model, snap)
+    host = rig(Host, cfg, (model, snap), (tcp(), tcp()))
+    role = rig(Role, cfg, "actor-0", *host.proxy.relay_addrs.values())
+    learner.publish(1)
+    all_hold([role], 1)
+    return learner, host, role
+
+
 def all_hold(roles: list[Role], version: int, timeout: float = 10.0, incarnation: str | None = None) -> None:
     wait_for(lambda: all(r.poll() == version and (incarnation is None or r.incarnation == incarnation)
                          for r in roles), timeout, f"every role holding version {version}")
@@ -169,13 +175,7 @@ def test_a_version_leaves_the_learner_once_per_host_and_a_joiner_is_served_by_it
 
 def test_a_model_whose_task_does_not_hash_to_its_controls_digest_is_held_back(
         rig: Callable[..., Any], cartpole_cfg: Callable[..., Config]) -> None:
-    cfg = cartpole_cfg("run.log_level=warning")
-    model, snap = tcp(), tcp()
-    learner = rig(Learner, cfg, model, snap)
-    host = rig(Host, cfg, (model, snap), (tcp(), tcp()))
-    role = rig(Role, cfg, "actor-0", *host.proxy.relay_addrs.values())
-    learner.publish(1)
-    all_hold([role], 1)
+    learner, host, role = one_host(rig, cartpole_cfg("run.log_level=warning"))
     learner.publish(2, task={**TASK, "env_id": "Pendulum-v1"})  # control still names the CartPole task
     wait_for(lambda: host.relay.models_refused >= 1, 10, "the relay holding the model back")
     learner.publish(3)
@@ -259,13 +259,8 @@ def test_storms_of_subscriptions_and_snapshot_requests_make_the_learner_send_no_
     snapshots in a loop: the learner sends its versions (and a snapshot per relay and per new peer, at
     most the bucket's burst), nothing for the rest. Counts, not timings."""
     burst = 8
-    cfg = cartpole_cfg("run.log_level=warning", f"net.max_peers={burst}")
-    model, snap = tcp(), tcp()
-    learner = rig(Learner, cfg, model, snap)
-    host = rig(Host, cfg, (model, snap), (tcp(), tcp()))
-    role = rig(Role, cfg, "actor-0", *host.proxy.relay_addrs.values())
-    learner.publish(1)
-    all_hold([role], 1)
+    learner, host, role = one_host(rig, cartpole_cfg("run.log_level=warning", f"net.max_peers={burst}"))
+    model, snap = learner.addresses
     relay_model = host.proxy.relay_addrs["model"]
     before = learner.stats()
     subs = []
