@@ -48,6 +48,8 @@ class EnvConfig:
     backend: str = "auto"  # gymnasium, envpool, or auto: EnvPool for Atari ids where it is installed
     threads: int = 1  # EnvPool worker threads per process (one actor per core: 1)
     batch: int = 0  # EnvPool: act for the `batch` envs that are ready while the rest step (async); 0: all, each step
+    fn: str = ""  # callables file of an env factory (run_local(cfg, env=...) writes it); env.id is then a label
+    wrappers_fn: str = ""  # a callables file of wrappers, each env -> env, applied after env.wrappers
 
 
 @dataclass
@@ -64,6 +66,7 @@ class AgentConfig:
     n_step: int = 3  # n-step returns
     batch_size: int = 64  # items (transitions, or sequences for R2D2) per optimisation step
     compile: str = "auto"  # learner updates: graph (one CUDA graph each), none (eager), auto (graph on CUDA, else none)
+    network_fn: str = ""  # callables file of a torch torso under the algorithm's heads (network=...); acts with torch
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
     POSITIVE: ClassVar[tuple[str, ...]] = ()
