@@ -148,10 +148,17 @@ def test_64_simulated_actors_over_4_hosts_through_the_real_learner_and_relays(tm
         rates.send_json({"rate": 0.0})
         newest = learner.book.version
 
-        def holding() -> bool:
-            return all(p.relay is not None and p.relay.version >= newest for p in proxies)
+        holding: set[int] = set()
 
-        wait_for("the relays holding the newest version", holding, 30.0, threads)
+        def every_actor_holds() -> bool:
+            rates.send_json({"want": newest})
+            while reports.poll(0):
+                report = reports.recv_json()
+                if isinstance(report, dict) and report.get("version") == newest:
+                    holding.add(int(report["holding"]))
+            return len(holding) == HOSTS
+
+        wait_for("every simulated actor holding the newest version", every_actor_holds, 30.0, threads)
     finally:
         for flag in flags[1 + HOSTS:]:  # the simulated hosts first, then the proxies, then the learner
             flag.set = True

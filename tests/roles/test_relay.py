@@ -159,11 +159,14 @@ def test_a_version_leaves_the_learner_once_per_host_and_a_joiner_is_served_by_it
     all_hold(roles, 1)
     before = learner.stats()
     late = [rig(Role, cfg, f"late-{i}", *hosts[0].proxy.relay_addrs.values()) for i in range(6)]
+    # told no snapshot address: the relay's control names its own snapshot port, not the learner's
+    late.append(rig(Role, cfg, "late-told-nothing", hosts[1].proxy.relay_addrs["model"], None))
     all_hold(late, 1)  # served by the relay: the learner sends nothing for them
     after = learner.stats()
     assert after["models_published"] == before["models_published"] == 1
     assert after["snapshot_models"] == before["snapshot_models"] <= len(hosts)
-    assert hosts[0].relay.snapshots.models_sent >= len(late)
+    assert hosts[0].relay.snapshots.models_sent >= len(late) - 1 and hosts[1].relay.snapshots.models_sent >= 1
+    assert late[-1].stream.snapshot_address == hosts[1].proxy.relay_addrs["snapshot"]
     learner.publish(2)
     all_hold(roles + late, 2)
     stats = learner.stats()

@@ -119,6 +119,7 @@ class Algorithm:
 
     name: str = ""
     config_class: type[AgentConfig] = AgentConfig
+    takes_torso: bool = False  # whether its heads can sit on a torso of the user's own (agent.network_fn)
 
     def check_spaces(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space) -> None:
         """Raise :class:`ConfigError` naming ``env.id`` (and the key to change) for spaces this
@@ -129,6 +130,23 @@ class Algorithm:
                     seed: int = 0, backend: str = "auto", device: str = "cpu") -> Policy:
         """The acting half, for actors, the evaluator and ``zmqrl enjoy``."""
         raise NotImplementedError
+
+    def check_torso(self, cfg: Config, obs_space: gym.spaces.Space) -> None:
+        """With ``agent.network_fn`` (a torso of the user's own): ConfigError naming the key where this
+        algorithm cannot take one (:attr:`takes_torso`), where ``actor.backend`` asks for numpy (the torso is
+        torch), or where the torso does not fit the observations (built once here, with torch)."""
+        if not cfg.agent.network_fn:
+            return
+        if not self.takes_torso:
+            raise ConfigError(f"agent.network_fn: agent.algo={self.name} cannot put its heads on a torso of your "
+                              f"own; leave agent.network_fn empty (algorithms that take one: "
+                              f"{', '.join(_torso_takers()) or 'none'})")
+        if cfg.actor.backend == "numpy":
+            raise ConfigError("actor.backend: numpy cannot run the torch torso of agent.network_fn; set it to torch "
+                              "or auto (auto acts with torch where a torso is the user's)")
+        from zmqrl.agents.torso import user_torso
+
+        user_torso(cfg.agent, obs_space)
 
     def exploration(self, cfg: Config, actor_index: int | None) -> Exploration:
         """Actor ``actor_index`` of ``cfg.actor.num_actors``, or the single-process trainer (None)."""
@@ -261,3 +279,15 @@ def apex_epsilon(eps: float, alpha: float, index: int, num_actors: int) -> float
 def algorithm(name: str) -> Algorithm:
     """The algorithm registered as ``name`` (:mod:`zmqrl.config.algorithms`)."""
     return registry.entry(name)  # type: ignore[no-any-return]
+
+
+def _torso_takers() -> list[str]:
+    """The registered algorithms whose heads can sit on a torso of the user's own."""
+    names = []
+    for name in registry.ALGORITHMS:
+        try:
+            if algorithm(name).takes_torso:
+                names.append(name)
+        except Exception:  # an algorithm that cannot load here takes none
+            continue
+    return names

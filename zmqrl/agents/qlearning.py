@@ -51,6 +51,7 @@ class DiscreteQAlgorithm(Algorithm):
     """Seam entries of a Q-learning algorithm over Discrete actions; a subclass names its classes."""
 
     config_class: type[QLearningConfig] = QLearningConfig
+    takes_torso = True  # agent.network_fn: the user's torso under the Q head (DQN) or the quantile embedding (IQN)
     numpy_policy = ""  # module:class of the numpy policy for the MLP
     torch_policy = ""  # module:class of the torch policy
     agent_class = ""  # module:class of the learner's agent
@@ -69,13 +70,14 @@ class DiscreteQAlgorithm(Algorithm):
 
     def check_spaces(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space) -> None:
         self.check(self.agent_config(cfg))
-        check_discrete_spaces(cfg, obs_space, action_space, self.agent_config(cfg).network)
+        ac = self.agent_config(cfg)
+        check_discrete_spaces(cfg, obs_space, action_space, "" if ac.network_fn else ac.network)
 
     def make_policy(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                     seed: int = 0, backend: str = "auto", device: str = "cpu") -> Policy:
         ac = self.agent_config(cfg)
         assert isinstance(action_space, gym.spaces.Discrete)
-        if resolve_backend(backend, ac.network == "mlp", device) == "numpy":
+        if resolve_backend(backend, ac.network == "mlp" and not ac.network_fn, device) == "numpy":
             numpy_policy = _load(self.numpy_policy)
             policy: Policy = numpy_policy(ac, *self.class_args(cfg), obs_space, action_space, seed=seed)
             return policy
@@ -102,7 +104,7 @@ class DiscreteQAlgorithm(Algorithm):
                        seed: int) -> Params | None:
         """The MLP network drawn like torch's default init; None for the CNN (built first)."""
         ac = self.agent_config(cfg)
-        if ac.network != "mlp" or not isinstance(action_space, gym.spaces.Discrete):
+        if ac.network != "mlp" or ac.network_fn or not isinstance(action_space, gym.spaces.Discrete):
             return None
         draw: Callable[..., Params] = _load(self.initial_mlp_params)
         return draw(ac, int(np.prod(obs_space.shape or ())), int(action_space.n), seed)

@@ -16,7 +16,7 @@ Each records, in wall-clock time (``time.time``: one clock for every process of 
 took each model version and when its pause state changed, and when it got its first model after its
 stream was made; the bench reads these from the helper's result. The bench tells every host the
 rate each of its actors offers on a PUB (``{"rate": transitions/s}``); a host reports once every
-actor of it holds a model.
+actor of it holds a model, and (asked ``{"want": version}``) once every actor of it holds that version.
 
 :class:`Probe` subscribes to the learner's own XPUB, unconflated, and notes when each model version
 and each change of the pause went out: the start of every reach the bench measures.
@@ -157,6 +157,7 @@ def sim_host(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
                     owner[sock] = actor
         poller.register(bench, zmq.POLLIN)
         rate, ready = 0.0, False
+        want: int | None = None  # a version the bench waits for every actor to hold
         interval = 0.0  # seconds between one actor's batches; 0: silent
         due: list[tuple[float, int]] = []
         sweep = Every(SWEEP_S)
@@ -175,6 +176,9 @@ def sim_host(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
                         command = json.loads(bench.recv(zmq.NOBLOCK))
                     except zmq.Again:
                         break
+                    if "want" in command:  # report once every actor holds this version (or a newer one)
+                        want = int(command["want"])
+                        continue
                     if float(command.get("rate", 0.0)) != rate:
                         rate = float(command["rate"])
                         rows = int(p["n_buffer"])
@@ -186,6 +190,9 @@ def sim_host(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
             if not ready and all(a.version >= 0 for a in actors):
                 ready = True
                 report.send_json({"ready": int(p["host"]), "first_model_s": [a.first_model_s for a in actors]})
+            if want is not None and all(a.version >= want for a in actors):
+                report.send_json({"holding": int(p["host"]), "version": want})
+                want = None
             now = time.monotonic()
             while due and due[0][0] <= now:
                 t, i = heapq.heappop(due)

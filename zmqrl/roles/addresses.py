@@ -137,6 +137,12 @@ def same_host(address: str, port: int | str) -> str:
     return f"tcp://{host}:{port}"
 
 
+def port_of(address: str) -> int:
+    """The port of ``tcp://HOST:PORT`` (0 when it names none)."""
+    port = address.rsplit(":", 1)[-1]
+    return int(port) if port.isdigit() else 0
+
+
 _HANDED_OUT: set[tuple[str, int]] = set()
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST_PICKED = 10000  # below this, well-known and registered services

@@ -31,10 +31,11 @@ from typing import Any
 import zmq
 
 from zmqrl import __version__
+from zmqrl.roles.addresses import port_of
 from zmqrl.roles.beside import Beside
 from zmqrl.roles.ratelimit import Allowances
 from zmqrl.roles.snapshots import SnapshotServer
-from zmqrl.wire import CONTROL_TOPIC, MODEL_TOPIC, encode_control, send_frames
+from zmqrl.wire import CONTROL_TOPIC, MODEL_TOPIC, bound_address, encode_control, send_frames
 
 log = logging.getLogger("zmqrl")
 
@@ -60,7 +61,7 @@ class Publisher(Beside):
         super().__init__("publisher")
         self.sock, self.incarnation, self.task_digest = sock, incarnation, task_digest
         self.snapshots = snapshots
-        self.snapshot_port = 0 if snapshots is None else _port(snapshots.sock)
+        self.snapshot_port = 0 if snapshots is None else port_of(bound_address(snapshots.sock))
         self.allowances, self.republish_s = allowances, republish_s
         self._lock = threading.Lock()
         self._posted: tuple[int, bytes] | None = None  # a model the loop handed over, not sent yet
@@ -229,10 +230,3 @@ class Publisher(Beside):
         """Bytes of models and control sent, on the stream and in snapshots."""
         return self.model_bytes + self.control_bytes + self._snapshot_bytes()
 
-
-def _port(sock: zmq.Socket) -> int:
-    """The TCP port ``sock`` is bound to (0 when it is not bound to one)."""
-    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
-    text = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
-    port = text.rsplit(":", 1)[-1]
-    return int(port) if port.isdigit() else 0

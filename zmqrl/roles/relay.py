@@ -2,7 +2,8 @@
 
 The relay runs beside the host's proxy (a thread of the proxy process). It subscribes to the
 learner's models and control once, keeps the newest of each (the ZeroMQ guide's last-value cache)
-and publishes them on a host-local XPUB, the very frames that came; it answers the host's
+and publishes them on a host-local XPUB, the very frames that came (control naming the relay's
+snapshot port instead of the learner's); it answers the host's
 snapshot requests (:mod:`~zmqrl.roles.snapshots`) from what it keeps. So the learner sends each
 model version once per host, not once per actor, and a role that joins or restarts on the host is
 served by its relay: the learner sends nothing for it.
@@ -24,11 +25,12 @@ from typing import Any
 
 import zmq
 
+from zmqrl.roles.addresses import port_of
 from zmqrl.roles.beside import Beside
 from zmqrl.roles.fit import learner_done, signature_digest
 from zmqrl.roles.snapshots import SnapshotServer
 from zmqrl.roles.stream import LearnerStream
-from zmqrl.wire import DEFAULT_COPY_THRESHOLD, Message, RateLimitedLog
+from zmqrl.wire import DEFAULT_COPY_THRESHOLD, Message, RateLimitedLog, bound_address, encode_control
 
 log = logging.getLogger("zmqrl")
 
@@ -44,6 +46,7 @@ class Relay(Beside):
     def __init__(self, upstream: LearnerStream, pub: zmq.Socket, snapshots: SnapshotServer, name: str) -> None:
         super().__init__(f"{name}-relay")
         self.upstream, self.pub, self.snapshots = upstream, pub, snapshots
+        self.snapshot_port = port_of(bound_address(snapshots.sock))
         self.ratelog = RateLimitedLog(log, 10.0)
         self.finished = ""  # the learner's stop reason once control said the run is over
         self._model: bytes | None = None
@@ -94,7 +97,10 @@ class Relay(Beside):
             if len(self._digests) >= 4 and msg.incarnation not in self._digests:
                 self._digests.pop(next(iter(self._digests)))
             self._digests[msg.incarnation] = task
-        frame = _bytes(self.upstream.control_frame)
+        # the very control that came, but naming this relay's snapshot port: a role behind it that was told
+        # no snapshot address asks here, not at the learner's port on this host
+        frame = bytes(encode_control(msg.sender, msg.incarnation, msg.seq, msg.version,
+                                     {**msg.meta, "snap": self.snapshot_port})[0])
         self._control = frame
         self.controls += 1
         self.control_bytes += len(frame)

@@ -14,9 +14,9 @@ reply comes to this role alone; nothing a role does makes the publisher send to 
 publisher sends a model only with a new version and every ``net.republish_s``.
 
 The stream is the learner's own or its host's relay (:mod:`~zmqrl.roles.relay`): both speak alike.
-A role told no snapshot address takes the learner's from its control (``meta["snap"]``, a port on
-the host the role subscribed to), so a role started by hand against a learner needs no more flags;
-a relay passes the learner's control on unchanged, so its roles are told the relay's address.
+A role told no snapshot address takes its stream's from control (``meta["snap"]``, a port on the
+host the role subscribed to), so a role started by hand needs no more flags: a relay names its own
+snapshot port in the control it passes on.
 """
 
 from __future__ import annotations

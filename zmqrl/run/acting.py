@@ -89,10 +89,12 @@ class Task:
 
 
 def make_task(cfg: Config) -> Task:
-    """The algorithm ``agent.algo`` names and the env's spaces, checked against each other."""
+    """The algorithm ``agent.algo`` names and the env's spaces, checked against each other (and a torso of
+    the user's own, ``agent.network_fn``, against the observations)."""
     algo = algorithm(cfg.agent.algo)
     obs_space, action_space = spaces(cfg.env)
     algo.check_spaces(cfg, obs_space, action_space)
+    algo.check_torso(cfg, obs_space)
     return Task(cfg, algo, obs_space, action_space)
 
 

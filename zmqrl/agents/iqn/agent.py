@@ -36,12 +36,16 @@ from zmqrl.agents.torch_util import (
     module_params,
     nonfinite,
 )
+from zmqrl.agents.torso import user_torso
 from zmqrl.config import ConfigError
 
 
 def build_iqn_network(cfg: IQNConfig, obs_space: gym.spaces.Space, num_actions: int) -> IQNNetwork:
     """The network the config asks for, sized for the observation space."""
     shape = obs_space.shape or ()
+    if cfg.network_fn:  # the user's torso, then IQN's embedding, merge and head
+        torso, features = user_torso(cfg, obs_space)
+        return IQNNetwork(torso, features, num_actions, cfg.embed_dim, cfg.head_hidden, pixels=False)
     if cfg.network == "nature_cnn":
         if len(shape) != 3:
             raise ConfigError(f"agent.network: nature_cnn needs (C, H, W) observations, got shape {shape}")

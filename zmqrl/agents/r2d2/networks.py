@@ -19,6 +19,7 @@ from torch import nn
 from zmqrl.agents.dqn.networks import NATURE_CNN_FEATURES, QHead, mlp_torso, nature_cnn_torso
 from zmqrl.agents.r2d2.config import R2D2Config
 from zmqrl.agents.r2d2.numpy_policy import FORGET_BIAS
+from zmqrl.agents.torso import user_torso
 from zmqrl.config import ConfigError
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, lstm_size)
@@ -81,6 +82,9 @@ class R2D2Network(nn.Module):
 def build_r2d2_network(cfg: R2D2Config, obs_space: gym.spaces.Space, num_actions: int) -> R2D2Network:
     """The network the config asks for, sized for the observation space."""
     shape = obs_space.shape or ()
+    if cfg.network_fn:  # the user's torso, then R2D2's LSTM and heads
+        user, features = user_torso(cfg, obs_space)
+        return R2D2Network(user, features, cfg.lstm_size, num_actions, cfg.dueling, cfg.head_hidden, pixels=False)
     if cfg.network == "nature_cnn":
         if len(shape) != 3:
             raise ConfigError(f"agent.network: nature_cnn needs (C, H, W) observations, got shape {shape}")

@@ -40,6 +40,7 @@ def check_config(ac: SACConfig) -> None:
 class SAC(Algorithm):
     name = "sac"
     config_class = SACConfig
+    takes_torso = True  # agent.network_fn: the actor's torso, and a copy under each critic
 
     def check_spaces(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space) -> None:
         check_config(_cfg(cfg))
@@ -53,15 +54,17 @@ class SAC(Algorithm):
         if not (np.isfinite(low).all() and np.isfinite(high).all() and (high > low).all()):
             raise ConfigError(f"{env} has action space {action_space}; agent.algo=sac needs finite bounds with "
                               "low < high in every dimension (for Discrete actions use agent.algo=dqn)")
-        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ConfigError(f"{env} has observation space {obs_space}; agent.algo=sac needs a Box")
+        if len(obs_space.shape) != 1 and not cfg.agent.network_fn:
             raise ConfigError(f"{env} has observation space {obs_space}; agent.algo=sac needs a 1-D Box "
-                              "(vector observations)")
+                              "(vector observations), or a torso of your own for others (agent.network_fn)")
 
     def make_policy(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                     seed: int = 0, backend: str = "auto", device: str = "cpu") -> Policy:
         ac = _cfg(cfg)
         assert isinstance(action_space, gym.spaces.Box)
-        if resolve_backend(backend, True, device) == "numpy":
+        if resolve_backend(backend, not ac.network_fn, device) == "numpy":
             from zmqrl.agents.sac.numpy_policy import NumpySACPolicy
 
             return NumpySACPolicy(ac, obs_space, action_space, seed=seed)
@@ -90,8 +93,12 @@ class SAC(Algorithm):
 
     def initial_params(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                        seed: int) -> Params | None:
-        """The actor drawn like torch's default init, with the torch actor's names and shapes."""
+        """The actor drawn like torch's default init, with the torch actor's names and shapes; None for a torso
+        of the user's own (the learner builds it first)."""
         from zmqrl.agents.sac.numpy_policy import actor_param_shapes
+
+        if _cfg(cfg).network_fn:
+            return None
 
         obs_dim, act_dim = int(np.prod(obs_space.shape or ())), int(np.prod(action_space.shape or ()))
         return torch_default_init(actor_param_shapes(_cfg(cfg), obs_dim, act_dim), seed)

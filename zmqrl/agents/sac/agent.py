@@ -43,6 +43,7 @@ from zmqrl.agents.torch_util import (
     nonfinite,
     step_unless,
 )
+from zmqrl.agents.torso import user_torso
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
@@ -70,7 +71,9 @@ class SACPolicy:
         self.obs_dim = int(np.prod(obs_space.shape or ()))
         self.act_dim = len(self.bounds.low)
         torch.manual_seed(seed)
-        self.actor = Actor(self.obs_dim, self.act_dim, cfg.hidden, cfg.log_std_min, cfg.log_std_max).to(self.device)
+        torso = user_torso(cfg, obs_space) if cfg.network_fn else None  # agent.network_fn: the user's torso
+        self.actor = Actor(self.obs_dim, self.act_dim, cfg.hidden, cfg.log_std_min, cfg.log_std_max,
+                           torso).to(self.device)
         self.rng = np.random.default_rng(seed)
 
     @torch.no_grad()
@@ -116,7 +119,11 @@ class SACAgent(CompiledUpdates, SACPolicy):
     def __init__(self, cfg: SACConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Box,
                  device: torch.device | str = "cpu", seed: int = 0) -> None:
         super().__init__(cfg, obs_space, action_space, device, seed)
-        self.critics = Critics(self.obs_dim, self.act_dim, cfg.hidden, cfg.n_critics).to(self.device)
+        torsos = None
+        if cfg.network_fn:  # a copy of the user's torso per critic, as the actor has its own
+            made = [user_torso(cfg, obs_space) for _ in range(cfg.n_critics)]
+            torsos = ([torso for torso, _ in made], made[0][1])
+        self.critics = Critics(self.obs_dim, self.act_dim, cfg.hidden, cfg.n_critics, torsos).to(self.device)
         self.targets = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_optimizer = Adam(self.actor.parameters(), lr=cfg.actor_lr, eps=cfg.adam_eps)
         self.critic_optimizer = Adam(self.critics.parameters(), lr=cfg.critic_lr, eps=cfg.adam_eps)
