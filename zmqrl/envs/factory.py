@@ -1,4 +1,5 @@
-"""Environments from config: a gymnasium id (or ``module:factory``), wrappers, and a vector of envs
+"""Environments from config: a gymnasium id (or ``module:factory``, or a callables file of a factory from
+Python: ``env.fn``), wrappers, and a vector of envs
 with per-index seeds, in gymnasium's *same-step* autoreset mode (see :mod:`zmqrl.envs.stepper`);
 or, for Atari where ``env.backend`` picks it, an EnvPool pool with the same semantics
 (:mod:`zmqrl.envs.pool`)."""
@@ -15,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from zmqrl import callables
 from zmqrl.config import ConfigError, EnvConfig
 from zmqrl.envs import atari, pool
 from zmqrl.envs.pomdp import mask_velocity
@@ -89,22 +91,56 @@ def make_env(cfg: EnvConfig, training: bool = True) -> gym.Env:
     """
     if "render_mode" not in cfg.kwargs and pool.uses_pool(cfg):
         return pool.PoolEnv(cfg, training=training)
-    kwargs: dict[str, Any] = dict(cfg.kwargs)
-    if cfg.max_episode_steps is not None:
-        kwargs["max_episode_steps"] = cfg.max_episode_steps
-    register_namespace(cfg.id)
-    try:
-        env = gym.make(cfg.id, **kwargs)
-    except gym.error.DependencyNotInstalled as exc:
-        extra = next((e for e in ("mujoco", "atari") if e in str(exc).lower()), None)
-        hint = f"pip install 'zmqrl[{extra}]'" if extra else str(exc)
-        raise ConfigError(f"env.id: {cfg.id!r} needs a package that is not installed: {hint}") from None
-    except gym.error.Error as exc:
-        raise ConfigError(f"env.id: cannot make {cfg.id!r}: {exc}") from None
+    if cfg.fn:
+        env = _from_callable(cfg)
+    else:
+        kwargs: dict[str, Any] = dict(cfg.kwargs)
+        if cfg.max_episode_steps is not None:
+            kwargs["max_episode_steps"] = cfg.max_episode_steps
+        register_namespace(cfg.id)
+        try:
+            env = gym.make(cfg.id, **kwargs)
+        except gym.error.DependencyNotInstalled as exc:
+            extra = next((e for e in ("mujoco", "atari") if e in str(exc).lower()), None)
+            hint = f"pip install 'zmqrl[{extra}]'" if extra else str(exc)
+            raise ConfigError(f"env.id: {cfg.id!r} needs a package that is not installed: {hint}") from None
+        except gym.error.Error as exc:
+            raise ConfigError(f"env.id: cannot make {cfg.id!r}: {exc}") from None
     for name in cfg.wrappers:
         wrapper = EVAL_WRAPPERS[name] if not training and name in EVAL_WRAPPERS else _resolve_wrapper(name)
         if wrapper is not None:
             env = wrapper(env, cfg)
+    if cfg.wrappers_fn:
+        loaded = callables.load(cfg.wrappers_fn, "wrappers", "env.wrappers_fn")
+        for user_wrapper in loaded.obj:
+            env = _checked_env(_call(user_wrapper, "env.wrappers_fn", loaded, env), "env.wrappers_fn", loaded)
+    return env
+
+
+def _from_callable(cfg: EnvConfig) -> gym.Env:
+    """The env of ``env.fn``'s factory, called with ``env.kwargs`` (as gymnasium.make is), under a time limit
+    of ``env.max_episode_steps`` where that is set."""
+    loaded = callables.load(cfg.fn, "env", "env.fn")
+    env = _checked_env(_call(loaded.obj, "env.fn", loaded, **cfg.kwargs), "env.fn", loaded)
+    if cfg.max_episode_steps is not None:
+        env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
+    return env
+
+
+def _call(fn: Callable[..., Any], key: str, loaded: callables.Loaded, *args: Any, **kwargs: Any) -> Any:
+    """The user's callable called; what it raises is a ConfigError naming the key and the file (the
+    original exception chained to it), for a role to exit 2 with rather than be restarted into the same."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        raise ConfigError(f"{key}: {callables.describe(fn)} from {loaded.path} raised {type(exc).__name__}: "
+                          f"{exc}") from exc
+
+
+def _checked_env(env: Any, key: str, loaded: callables.Loaded) -> gym.Env:
+    if not isinstance(env, gym.Env):
+        raise ConfigError(f"{key}: {loaded.name} from {loaded.path} returned {type(env).__name__}, not a "
+                          "gymnasium Env")
     return env
 
 

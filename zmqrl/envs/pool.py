@@ -66,6 +66,11 @@ def uses_pool(cfg: EnvConfig) -> bool:
     ``envpool`` is asked for and cannot be had."""
     if cfg.backend == "gymnasium":
         return False
+    if cfg.fn:
+        if cfg.backend == "envpool":
+            raise ConfigError("env.backend: envpool runs Atari ids; the env of env.fn (a callable from Python) runs "
+                              "on gymnasium: set env.backend to auto or gymnasium")
+        return False
     task = pool_task(cfg.id)
     fits = task is not None and list(cfg.wrappers) == ["atari"]
     if cfg.backend == "auto":

@@ -20,7 +20,7 @@ from torch import nn
 from zmqrl.agents.base import epsilon_greedy
 from zmqrl.agents.dqn.config import DQNConfig
 from zmqrl.agents.dqn.explicit import ExplicitMLPLoss
-from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork
+from zmqrl.agents.dqn.networks import MLPQNetwork, NatureCNNQNetwork, TorsoQNetwork
 from zmqrl.agents.dqn.numpy_policy import td_priorities
 from zmqrl.agents.qtarget import TargetQAgent
 from zmqrl.agents.torch_util import (
@@ -29,12 +29,16 @@ from zmqrl.agents.torch_util import (
     module_params,
     nonfinite,
 )
+from zmqrl.agents.torso import user_torso
 from zmqrl.config import ConfigError
 
 
 def build_q_network(cfg: DQNConfig, obs_space: gym.spaces.Space, num_actions: int) -> nn.Module:
     """The Q-network the config asks for, sized for the observation space."""
     shape = obs_space.shape or ()
+    if cfg.network_fn:  # the user's torso, then DQN's head
+        torso, features = user_torso(cfg, obs_space)
+        return TorsoQNetwork(torso, features, num_actions, cfg.dueling)
     if cfg.network == "nature_cnn":
         if len(shape) != 3:
             raise ConfigError(f"agent.network: nature_cnn needs (C, H, W) observations, got shape {shape}")

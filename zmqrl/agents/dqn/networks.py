@@ -1,4 +1,4 @@
-"""Q-networks: an MLP for vector observations and the Nature CNN for stacked frames.
+"""Q-networks: an MLP for vector observations, the Nature CNN for stacked frames, or a torso of the user's.
 
 Their torsos are built by :func:`mlp_torso` and :func:`nature_cnn_torso`, which other algorithms'
 networks (R2D2's) use too, so the same observations go through the same layers and parameter names.
@@ -79,3 +79,16 @@ class NatureCNNQNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head(self.torso(obs.float() / 255.0))
+
+
+class TorsoQNetwork(nn.Module):
+    """A torso of the user's own (``agent.network_fn``, :mod:`zmqrl.agents.torso`) with ``features`` outputs,
+    then DQN's Q head."""
+
+    def __init__(self, torso: nn.Module, features: int, num_actions: int, dueling: bool) -> None:
+        super().__init__()
+        self.torso = torso
+        self.head = QHead(features, num_actions, dueling)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.torso(obs))
