@@ -6,7 +6,8 @@ config, written first), ``summary.json``, ``tb/`` (TensorBoard), ``checkpoints/`
 ``best/``, numbered ones), with MLflow or W&B ``trackers.json`` (and ``wandb/``), and in a
 distributed run ``endpoints.json``, ``logs/``, ``roles/`` (each role's stats at exit),
 ``supervisor/`` (the launchers' status), ``eval.token`` and the start-up marks ``first_batch.json``
-and ``first_update.json``. A directory is a run directory when
+and ``first_update.json``; ``callables/`` holds the env factory, wrappers and torso a run was given from
+Python (:mod:`zmqrl.callables`). A directory is a run directory when
 it holds ``config.yaml``, ``summary.json`` or a launcher's status (a ``zmqrl host`` machine's
 directory has only the last).
 """
@@ -36,6 +37,7 @@ TB_DIR = "tb"
 LOGS_DIR = "logs"
 ROLES_DIR = "roles"
 SUPERVISOR_DIR = "supervisor"
+CALLABLES_DIR = "callables"  # the callables from Python a run was given: env.pkl, wrappers.pkl, network.pkl
 LATEST, BEST = "latest", "best"
 NAMED_CHECKPOINTS = (BEST, LATEST)
 
@@ -109,9 +111,18 @@ class RunDir:
         """``supervisor/NAME.json``: a launcher's status (its roles, starts, exits, restarts)."""
         return self.supervisor / f"{launcher}.json"
 
+    def callable_file(self, kind: str) -> Path:
+        """``callables/KIND.pkl``: the callables file of ``kind`` (env, wrappers, network) the run was given."""
+        return self.path / callable_name(kind)
+
     def is_run_dir(self) -> bool:
         """Whether it holds what a run writes: ``config.yaml``, ``summary.json`` or a launcher's status."""
         return any(mark.exists() for mark in (self.config, self.summary, self.supervisor))
+
+
+def callable_name(kind: str) -> str:
+    """Where in a run directory the callables file of ``kind`` lies (what ``env.fn`` and the like hold)."""
+    return f"{CALLABLES_DIR}/{kind}.pkl"
 
 
 def require_run_dir(path: str | Path, needs_config: bool = False) -> Path:
