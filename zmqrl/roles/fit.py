@@ -19,6 +19,7 @@ import gymnasium as gym
 
 from zmqrl.config import to_dict
 from zmqrl.core import Policy
+from zmqrl.run import user_callables
 from zmqrl.run.acting import Task
 from zmqrl.wire import Message
 
@@ -35,13 +36,18 @@ def describe_space(space: gym.spaces.Space) -> list[Any]:
 
 
 def task_signature(task: Task) -> dict[str, Any]:
-    """What must agree between the learner and the roles that act for it."""
-    return {"algo": task.cfg.agent.algo, "env_id": task.cfg.env.id, "obs": describe_space(task.obs_space),
-            "action": describe_space(task.action_space), "agent": to_dict(task.cfg)["agent"]}
+    """What must agree between the learner and the roles that act for it: with callables from Python
+    (``env.fn``, ``env.wrappers_fn``, ``agent.network_fn``) the sha256 of each file, and an env from
+    ``env.fn`` is known by its file's hash, not by ``env.id`` (then only a label)."""
+    return {"algo": task.cfg.agent.algo, "env_id": None if task.cfg.env.fn else task.cfg.env.id,
+            "obs": describe_space(task.obs_space), "action": describe_space(task.action_space),
+            "agent": to_dict(task.cfg)["agent"], **user_callables.hashes(task.cfg)}
 
 
 _FIELDS = (("algo", "agent.algo"), ("env_id", "env.id"), ("obs", "env.id, env.wrappers or env.kwargs"),
-           ("action", "env.id or env.kwargs"))
+           ("action", "env.id or env.kwargs"), ("env_fn", "env.fn (the sha256 of its file)"),
+           ("wrappers_fn", "env.wrappers_fn (the sha256 of its file)"),
+           ("network_fn", "agent.network_fn (the sha256 of its file)"))
 
 
 def signature_digest(signature: dict[str, Any]) -> str:

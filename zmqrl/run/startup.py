@@ -16,6 +16,7 @@ import numpy as np
 from zmqrl.config import Config, ConfigError, dump
 from zmqrl.core import Agent, ReplayBuffer
 from zmqrl.replay import make_replay
+from zmqrl.run import user_callables
 from zmqrl.run.bookkeeping import Bookkeeper, FileWriters
 from zmqrl.run.resume import ResumePoint, read_resume_point, require_checkpoint
 from zmqrl.run.rundir import RunDir
@@ -160,5 +161,5 @@ def prepare_run_dir(cfg: Config, run_dir: str | Path | None) -> Path:
     run.checkpoints.mkdir(parents=True, exist_ok=True)
     run.tb.mkdir(exist_ok=True)
     cfg.run.run_dir = str(run.path)
-    dump(cfg, run.config)
+    dump(user_callables.portable(cfg, run.path), run.config)  # callables files named relative to the run directory
     return run.path
