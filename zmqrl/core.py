@@ -104,6 +104,21 @@ class ReusesActingValues(Protocol):
         ...
 
 
+@runtime_checkable
+class RecordsLogProbs(Protocol):
+    """Optional, on top of :class:`Policy`: the behaviour log-probabilities of the actions it took.
+
+    An on-policy algorithm's policy (IMPALA's, APPO's) keeps, per row of its last :meth:`Policy.act`
+    call, ``log mu(a | s)`` of the action it drew; the acting loop stores it with each step of a
+    segment, and the learner's V-trace weighs the step by ``pi(a | s) / mu(a | s)``.
+    """
+
+    def acted_log_probs(self) -> np.ndarray:
+        """float32, one per row of the last :meth:`Policy.act` call: the log-probability (for a continuous
+        action, the log-density) of the action taken."""
+        ...
+
+
 class Agent(Policy, Protocol):
     """What a learner needs on top of a policy: updates, parameters to publish, persistence.
 
@@ -217,6 +232,36 @@ class ReplayBuffer(Protocol):
         ...
 
     def __len__(self) -> int: ...
+
+
+@runtime_checkable
+class OnPolicyStore(Protocol):
+    """Optional, on top of :class:`ReplayBuffer`: the store of an on-policy algorithm
+    (:class:`zmqrl.replay.onpolicy.SegmentQueue`), a bounded FIFO of segments, each trained on for a
+    few passes and dropped once too many model versions old.
+
+    ``add`` and ``add_frames`` take ``versions`` (one per item: the model version that acted for it,
+    ``-1`` for another learner line). The learner tells it each new version, pauses its actors while it
+    is :attr:`full`, and reports its :meth:`summary`; ``zmqrl train`` trains while
+    :meth:`updates_ready` says a batch is there.
+    """
+
+    @property
+    def full(self) -> bool:
+        """Whether actors should pause until the learner has trained on what is queued."""
+        ...
+
+    def at_version(self, version: int) -> None:
+        """The learner's model version is now ``version`` (segments too old for it are dropped, counted)."""
+        ...
+
+    def updates_ready(self, batch_size: int) -> int:
+        """Batches it can hand out now (passes over one batch included)."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """Segments added, trained on and dropped by reason, for the learner's summary."""
+        ...
 
 
 class Recorder(Protocol):

@@ -23,7 +23,10 @@ What an algorithm provides:
   batch may be, checked by the learner's intake before anything is stored;
 - :meth:`Algorithm.new_frames_per_item`, :meth:`Algorithm.env_steps_per_item` and
   :meth:`Algorithm.env_steps_held`: what an honest sender's items bring (new image frames) and stand
-  for (env steps), the learner's bounds on what a sender may claim.
+  for (env steps), the learner's bounds on what a sender may claim;
+- :meth:`Algorithm.segment_length` and :meth:`Algorithm.make_store`: for an on-policy algorithm, the
+  segments its actors send (with each step's behaviour log-probability) and the learner's store of
+  them (a bounded FIFO instead of replay).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from zmqrl.config import AgentConfig, Config, ConfigError
 from zmqrl.config import algorithms as registry
 
 if TYPE_CHECKING:
-    from zmqrl.core import Agent, Params, Policy
+    from zmqrl.core import Agent, Params, Policy, ReplayBuffer
 
 ArraySpec = tuple[np.dtype, tuple[int, ...]]  # dtype and per-item shape of one field of a batch
 
@@ -222,6 +225,17 @@ class Algorithm:
     def env_steps_held(self, cfg: Config) -> int:
         """Env steps one acting env may have taken that no item it sent covers yet: the n-step window."""
         return int(cfg.agent.n_step)
+
+    def segment_length(self, cfg: Config) -> int:
+        """Steps per segment for an on-policy algorithm (its actors' items are segments of that many steps
+        with each step's behaviour log-probability, :class:`~zmqrl.core.RecordsLogProbs`); 0 for an
+        algorithm that trains on n-step transitions or recurrent sequences from replay."""
+        return 0
+
+    def make_store(self, cfg: Config, spec: Mapping[str, ArraySpec]) -> ReplayBuffer | None:
+        """The learner's store of items when it is not replay (an on-policy algorithm's FIFO of segments,
+        :class:`~zmqrl.core.OnPolicyStore`), or None: the replay ``replay:`` configures."""
+        return None
 
 
 def check_discrete_spaces(cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,

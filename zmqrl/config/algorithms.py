@@ -12,11 +12,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-ALGORITHMS: dict[str, str] = {  # agent.algo -> the module that defines ALGORITHM
+ALGORITHMS: dict[str, str] = {  # agent.algo -> the module that defines ALGORITHM (or module:NAME, another name)
     "dqn": "zmqrl.agents.dqn",
     "sac": "zmqrl.agents.sac",
     "iqn": "zmqrl.agents.iqn",
     "r2d2": "zmqrl.agents.r2d2",
+    "impala": "zmqrl.agents.impala",
+    "appo": "zmqrl.agents.impala:APPO_ALGORITHM",
 }
 
 
@@ -25,10 +27,12 @@ class UnknownAlgorithm(ValueError):
 
 
 def entry(name: str) -> Any:
-    """The ``ALGORITHM`` object registered as ``name`` (an :class:`~zmqrl.agents.base.Algorithm`)."""
+    """The ``ALGORITHM`` object registered as ``name`` (an :class:`~zmqrl.agents.base.Algorithm`); an entry
+    ``module:NAME`` names another object of the module (two algorithms of one folder: IMPALA and APPO)."""
     if name not in ALGORITHMS:
         raise UnknownAlgorithm(f"agent.algo: unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}")
-    return importlib.import_module(ALGORITHMS[name]).ALGORITHM
+    module, _, attribute = ALGORITHMS[name].partition(":")
+    return getattr(importlib.import_module(module), attribute or "ALGORITHM")
 
 
 def config_class(name: str) -> type:

@@ -122,6 +122,7 @@ class TrainerConfig:
     latest_interval_s: float = 60.0  # seconds between refreshes of checkpoints/latest; 0 = only at save_interval
     checkpoint_replay: bool = False  # also save replay contents (copied in memory, written off the training loop)
     sync_interval: int = 50  # optimisation steps between model publications (distributed)
+    max_policy_lag: int = 0  # on-policy (impala, appo): segments more versions old than this are dropped; 0 = none
     max_samples_per_insert: float = 0.0  # learner waits for data above this ratio (items sampled / inserted); 0 = off
     min_samples_per_insert: float = 0.0  # learner stops taking data below this ratio (actors block); 0 = off
 
@@ -211,6 +212,7 @@ POSITIVE_KEYS = {
 }
 UNIT_INTERVAL_KEYS = {"agent.gamma", "replay.alpha", "replay.beta0", "actor.eps", "trainer.eval_epsilon"}
 NON_NEGATIVE_KEYS = {"trainer.warmup", "trainer.save_interval", "trainer.max_seconds", "trainer.max_samples_per_insert",
-                 "trainer.min_samples_per_insert", "actor.nice", "trainer.latest_interval_s", "actor.eps_alpha",
+                 "trainer.min_samples_per_insert", "trainer.max_policy_lag", "actor.nice", "trainer.latest_interval_s",
+                 "actor.eps_alpha",
                  "actor.eps_decay_steps", "replay.sequence_length", "replay.burn_in", "replay.overlap",
                  "net.peer_wait_s", "net.peer_idle_s", "net.proxy_hold_ms"}

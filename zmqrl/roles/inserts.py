@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from zmqrl.core import ReplayBuffer
 from zmqrl.roles.intake import Arrived
-from zmqrl.wire import PeerTable, RateLimitedLog
+from zmqrl.wire import Message, PeerTable, RateLimitedLog
 
 log = logging.getLogger("zmqrl")
 
@@ -44,11 +46,16 @@ class ReplayWriter:
     honest item brings: one for a transition of stacked frames) per item it has sent, plus
     :data:`FRAME_SLACK`. Frames that share nothing (random bytes) would take every frame slot of
     every item and multiply replay's memory.
+
+    With ``version_of`` (a store that keeps the model version of each item, an on-policy algorithm's
+    :class:`~zmqrl.core.OnPolicyStore`), each batch's items go in with the version that function gives
+    its message (``-1``: acted by another learner line).
     """
 
     def __init__(self, replay: ReplayBuffer, max_peers: int = 1024, idle_s: float = 600.0,
-                 frames_per_item: int = 1) -> None:
+                 frames_per_item: int = 1, version_of: Callable[[Message], int] | None = None) -> None:
         self.replay = replay
+        self.version_of = version_of
         self.rejected = 0  # batches replay refused (e.g. bad priorities)
         self.rejected_frames = 0  # batches refused for bringing more new frames than their sender's budget
         self.pooled = bool(getattr(replay, "frame_keys", ()))
@@ -65,7 +72,7 @@ class ReplayWriter:
                 arrays = {k: np.concatenate([m.msg.arrays[k] for m in group]) for k in group[0].msg.arrays}
                 priorities = arrays.pop("priority", None)
                 try:
-                    self.replay.add(arrays, priorities=priorities)
+                    self.replay.add(arrays, priorities=priorities, **self._versions(*group))
                 except (ValueError, IndexError):
                     pass
                 else:
@@ -87,9 +94,9 @@ class ReplayWriter:
         try:
             if item.frames is not None:
                 self.replay.add_frames(arrays, item.frames, item.indices, priorities=priorities, max_new_frames=max_new,
-                                       fingerprints=item.fingerprints)
+                                       fingerprints=item.fingerprints, **self._versions(item))
             else:
-                self.replay.add(arrays, priorities=priorities, max_new_frames=max_new)
+                self.replay.add(arrays, priorities=priorities, max_new_frames=max_new, **self._versions(item))
         except (ValueError, IndexError) as exc:
             if "new frames" in str(exc):
                 self.rejected_frames += 1
@@ -101,3 +108,10 @@ class ReplayWriter:
             budget[0] += n
             budget[1] += self.replay.new_frames
         return True
+
+    def _versions(self, *items: Arrived) -> dict[str, Any]:
+        """``versions=`` for a store that keeps each item's model version (nothing for replay)."""
+        if self.version_of is None:
+            return {}
+        return {"versions": np.concatenate([np.full(item.rows, self.version_of(item.msg), dtype=np.int64)
+                                            for item in items])}

@@ -50,7 +50,7 @@ import zmq
 
 from zmqrl import __version__
 from zmqrl.config import Config
-from zmqrl.core import Agent, DefersUpdates, PendingUpdate
+from zmqrl.core import Agent, DefersUpdates, OnPolicyStore, PendingUpdate
 from zmqrl.replay.prioritized import priority_counts
 from zmqrl.roles.addresses import same_host
 from zmqrl.roles.admission import EvalAdmission
@@ -69,7 +69,7 @@ from zmqrl.run.lifecycle import Background, Every, StopFlag, seed_everything
 from zmqrl.run.record import print_run_table
 from zmqrl.run.rundir import FIRST_BATCH_FILE, FIRST_UPDATE_FILE, RunDir, read_json, restart_counts, write_json_atomic
 from zmqrl.run.startup import open_run
-from zmqrl.wire import BATCH, EVAL, HELLO, STATS, SocketOptions, bound_address, encode_model
+from zmqrl.wire import BATCH, EVAL, HELLO, STATS, Message, SocketOptions, bound_address, encode_model
 
 log = logging.getLogger("zmqrl")
 
@@ -141,8 +141,12 @@ class Learner(RoleProcess):
                              incarnation=self.incarnation, now=self.book.point, published=lambda: self.book.version,
                              fingerprint=bool(getattr(self.replay, "frame_keys", ())),
                              batch_problem=self.task.batch_problem)
+        # an on-policy algorithm's store (a FIFO of segments) keeps each one's model version, drops those too old
+        # and pauses the actors while it is full
+        self.on_policy = self.replay if isinstance(self.replay, OnPolicyStore) else None
         self.writer = ReplayWriter(self.replay, net.max_peers, net.peer_idle_s,
-                                   frames_per_item=self.task.new_frames_per_item())
+                                   frames_per_item=self.task.new_frames_per_item(),
+                                   version_of=self._version_of if self.on_policy is not None else None)
         # env steps an actor has taken but not yet sent as items: its batch being filled, its adder's
         # windows, and the batches of one send (several go out together)
         per_item = self.task.env_steps_per_item()
@@ -252,6 +256,11 @@ class Learner(RoleProcess):
             self.publisher.post_model(self.book.version, bytes(frame))
             self._ask(grant=new_version)
         self.book.cost.add("publish", time.perf_counter() - started)
+
+    def _version_of(self, msg: Message) -> int:
+        """The model version that acted for a batch, for an on-policy store: its oldest, where this learner's
+        version line made it, else -1 (another learner's line: its versions mean nothing here)."""
+        return msg.version if msg.meta.get("model_inc") == self.incarnation and msg.version >= 0 else -1
 
     # --- work in --------------------------------------------------------------------------------
     def _take_in(self, max_items: int | None = TAKE_PER_STEP) -> int:
@@ -423,6 +432,7 @@ class Learner(RoleProcess):
                          "rejected_total": self._rejected(intake), "peers_refused": intake["peers_refused"],
                          "refused_names": intake["refused_names"], "config_mismatches": intake["config_mismatches"]},
             "priorities": priority_counts(self.replay), "restarts": restart_counts(self.dir),
+            **({"store": self.on_policy.summary()} if self.on_policy is not None else {}),
             **peers, "auth": auth_counts(self.ctx),
         }
 
@@ -461,13 +471,16 @@ class Learner(RoleProcess):
             self.intake.check()
             self.publisher.check()
             self._take_in()
+            if self.on_policy is not None:
+                self.on_policy.at_version(self.book.version)  # segments too many versions old are dropped
             if summarise():
                 self._settle()  # the summary counts every step taken, its priorities written
                 self.book.write_summary(self.summary_extra())
             ready, warm = self.agent_ready(), len(self.replay) >= tc.warmup
             starving = not (warm and ready)
             throttled = self.limiter.throttled(self._steps_taken())
-            self.limiter.update_pause(self._steps_taken(), warm)
+            self.limiter.update_pause(self._steps_taken(), warm,
+                                      full=self.on_policy is not None and self.on_policy.full)
             self._ask(grant=throttled and self.limiter.allowance() is not None and regrant())
             if starving or throttled:
                 self._settle()  # no step left pending while the loop waits

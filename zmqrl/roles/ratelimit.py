@@ -43,14 +43,15 @@ class SamplesPerInsert:
         """Whether the learner should wait for data before its next optimisation step."""
         return self.max_ratio > 0 and self.ratio(opt_steps) > self.max_ratio
 
-    def update_pause(self, opt_steps: int, warm: bool) -> bool:
+    def update_pause(self, opt_steps: int, warm: bool, full: bool = False) -> bool:
         """Decide whether actors should pause now; True when that changed (tell them at once).
 
         Warm but the agent still loading also counts (0 samples per insert): actors need not fill
-        replay with data nobody trains on, and their CPU is better spent loading torch.
+        replay with data nobody trains on, and their CPU is better spent loading torch. ``full``: the
+        learner's store asks for a pause of its own (an on-policy FIFO at its capacity: back-pressure).
         """
         self.warm = warm
-        pause = warm and self.min_ratio > 0 and self.ratio(opt_steps) < self.min_ratio
+        pause = full or (warm and self.min_ratio > 0 and self.ratio(opt_steps) < self.min_ratio)
         if pause == self.paused:
             return False
         self.paused = pause

@@ -4,10 +4,11 @@
 the algorithm cannot train on with the config key in the message. :class:`ActingLoop` is the
 vector env, the policy and its adder stepped together: the n-step builder for a feed-forward
 policy, the sequence adder for a :class:`~zmqrl.core.RecurrentPolicy` (with a recurrent state per
-env). ``zmqrl train``, the actor and the bench all act through it, so an algorithm's exploration
-and items are the same wherever it runs. Its state (every env, the current observations and
-running episodes, the adder's pending steps, the recurrent states) goes into checkpoints as
-:data:`STATE_FILE`, so a resumed ``zmqrl train`` continues exactly where it stopped.
+env) and for an on-policy algorithm's segments (with each step's behaviour log-probability).
+``zmqrl train``, the actor and the bench all act through it, so an algorithm's exploration and items
+are the same wherever it runs. Its state (every env, the current observations and running episodes,
+the adder's pending steps, the recurrent states) goes into checkpoints as :data:`STATE_FILE`, so a
+resumed ``zmqrl train`` continues exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from zmqrl.agents.base import Algorithm, ArraySpec, Exploration, algorithm
 from zmqrl.config import Config, EnvConfig
-from zmqrl.core import RecurrentPolicy, ReusesActingValues
+from zmqrl.core import RecordsLogProbs, RecurrentPolicy, ReusesActingValues
 from zmqrl.envs.factory import make_stepper, spaces
 from zmqrl.envs.state import capture_object, plan_restore
 from zmqrl.envs.stepper import Step
@@ -74,8 +75,10 @@ class Task:
 
     @property
     def replay_item(self) -> str:
-        """What one replay item is: a transition, or a sequence item (capacity, warm-up, batch size and
-        samples per insert count these)."""
+        """What one replay item is: a transition, a sequence item or an on-policy segment (capacity,
+        warm-up, batch size and samples per insert count these)."""
+        if self.algo.segment_length(self.cfg):
+            return "segment"
         return "sequence item" if type(self.cfg.agent).SEQUENCES else "transition"
 
     def new_frames_per_item(self) -> int:
@@ -134,6 +137,11 @@ class ActingLoop:
     this is not worth a forward pass. Otherwise (``priorities`` off, or a policy without reused
     values) transitions come without priorities, at once.
 
+    An on-policy algorithm (:meth:`~zmqrl.agents.base.Algorithm.segment_length` > 0) gets segments from
+    the :class:`~zmqrl.run.adders.SequenceAdder` (no burn-in, no overlap): that many steps of one
+    episode and the step after them, each step with ``logp``, the log-probability its policy
+    (:class:`~zmqrl.core.RecordsLogProbs`) gave the action it took.
+
     A :class:`~zmqrl.core.RecurrentPolicy` acts with a recurrent state per env, which the loop owns:
     each env starts every episode from the policy's initial state (reset once its episode ended, and
     where an asynchronous pool's row is an env's reset rather than a step); the state an env held
@@ -149,12 +157,21 @@ class ActingLoop:
         self.num_envs = cfg.env.num_envs
         self.stepper = make_stepper(cfg.env, self.num_envs, seed)
         self.recurrent = policy if isinstance(policy, RecurrentPolicy) else None
+        # an on-policy algorithm's segments: this many steps, each with its behaviour log-probability
+        self.segment_length = algorithm(cfg.agent.algo).segment_length(cfg)
         self.adder: NStepBuilder | SequenceAdder
-        if self.recurrent is None:
+        if self.segment_length:
+            if not isinstance(policy, RecordsLogProbs):
+                raise TypeError(f"agent.algo={cfg.agent.algo} sends segments with behaviour log-probabilities, but "
+                                f"its policy {type(policy).__name__} does not record them (RecordsLogProbs)")
+            self.adder = SequenceAdder(self.num_envs, 0, self.segment_length, 0, cfg.agent.gamma)
+            self._logp = np.zeros(self.num_envs, dtype=np.float32)  # per env: that of the action it last took
+        elif self.recurrent is None:
             self.adder = NStepBuilder(self.num_envs, cfg.agent.n_step, cfg.agent.gamma)
         else:
             rc = cfg.replay
             self.adder = SequenceAdder(self.num_envs, rc.burn_in, rc.sequence_length, rc.overlap, cfg.agent.gamma)
+        if self.recurrent is not None:
             # each env's state for its current observation, and the one it held before its last act
             self.states = self.recurrent.initial_state(self.num_envs)
             self.acted_from = self.states.copy()
@@ -179,12 +196,16 @@ class ActingLoop:
         if acted is not None and np.ndim(explore):
             explore = np.asarray(explore)[acted]
         if self.recurrent is not None:
-            step = self.stepper.step(self._act_recurrent(explore, acted))
+            action = self._act_recurrent(explore, acted)
         else:
-            step = self.stepper.step(self.policy.act(self.stepper.obs, explore))
+            action = self.policy.act(self.stepper.obs, explore)
+        if self.segment_length:
+            assert isinstance(self.policy, RecordsLogProbs)
+            self._logp[slice(None) if acted is None else acted] = self.policy.acted_log_probs()
+        step = self.stepper.step(action)
         taken = len(step.reward) if step.valid is None else int(step.valid.sum())
         self.env_steps += taken
-        if self.recurrent is not None:
+        if self.recurrent is not None or self.segment_length:
             transitions = self._sequences(step)
         elif self.reuse is None:
             transitions = self.nstep.push(step.obs, step.action, step.reward, step.next_obs,
@@ -195,8 +216,8 @@ class ActingLoop:
 
     @property
     def nstep(self) -> NStepBuilder:
-        """The n-step builder of a feed-forward policy's loop."""
-        assert isinstance(self.adder, NStepBuilder), "a recurrent policy's loop has a sequence adder"
+        """The n-step builder of a feed-forward policy's loop (one that makes no segments)."""
+        assert isinstance(self.adder, NStepBuilder), "this loop has a sequence adder"
         return self.adder
 
     def _act_recurrent(self, explore: float | np.ndarray, acted: np.ndarray | None) -> np.ndarray:
@@ -216,10 +237,14 @@ class ActingLoop:
         """The sequence items ``step`` completes, each with the state its env held at its start; then the
         states of envs whose next observation starts an episode go back to the initial state: those whose
         episode just ended, and an asynchronous pool's rows that were an env's reset, not a step."""
-        assert self.recurrent is not None and isinstance(self.adder, SequenceAdder)
+        assert isinstance(self.adder, SequenceAdder)
         rows = np.arange(self.num_envs) if step.env_ids is None else step.env_ids
+        state = None if self.recurrent is None else self.acted_from[rows]
+        extras = {"logp": self._logp[rows]} if self.segment_length else None
         items = self.adder.push(step.obs, step.action, step.reward, step.terminated, step.truncated,
-                                self.acted_from[rows], valid=step.valid, env_ids=step.env_ids)
+                                state, valid=step.valid, env_ids=step.env_ids, extras=extras)
+        if self.recurrent is None:
+            return items
         fresh = step.terminated | step.truncated
         if step.valid is not None:
             fresh = fresh | ~step.valid
@@ -297,10 +322,13 @@ class ActingLoop:
         adder, adder_missed = capture_object(self.adder)
         state = {"format": STATE_FORMAT, "env": dataclasses.asdict(self.env_cfg), "env_steps": self.env_steps,
                  "stepper": stepper, "missed": missed + adder_missed}
-        if self.recurrent is None:
+        if isinstance(self.adder, NStepBuilder):
             state["nstep"] = adder
-        else:  # the sequence adder's pending steps and every env's recurrent states
+        else:  # the sequence adder's pending steps (segments: with the last actions' log-probabilities)
             state["sequences"] = adder
+            if self.segment_length:
+                state["logp"] = self._logp.copy()
+        if self.recurrent is not None:  # every env's recurrent states
             state["recurrent"] = {"states": self.states.copy(), "acted_from": self.acted_from.copy()}
         return state, missed + adder_missed
 
@@ -344,10 +372,16 @@ class ActingLoop:
         if not self.stepper.restorable:  # new episodes: nothing pending may join them
             return lambda: setattr(self, "env_steps", env_steps)
         load_stepper = self.stepper.plan_load(state.get("stepper"))
-        if self.recurrent is None:
+        if isinstance(self.adder, NStepBuilder):
             adder_steps = plan_restore(self.adder, state.get("nstep"), "n-step builder")
         else:
             adder_steps = plan_restore(self.adder, state.get("sequences"), "sequence adder")
+        if self.segment_length:
+            logp = state.get("logp")
+            if not isinstance(logp, np.ndarray) or logp.shape != self._logp.shape:
+                raise ValueError("no log-probabilities of the last actions (saved by a loop that made no segments)")
+            adder_steps.append(lambda: self._logp.__setitem__(slice(None), logp))
+        if self.recurrent is not None:
             adder_steps.append(self._plan_states(state.get("recurrent")))
 
         def load() -> None:

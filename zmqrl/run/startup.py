@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from zmqrl.agents.base import algorithm
 from zmqrl.config import Config, ConfigError, dump
 from zmqrl.core import Agent, ReplayBuffer
 from zmqrl.replay import make_replay
@@ -87,7 +88,9 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
 
 def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None, *,
                      torch_device: str | None = None, sum_tree: str = "host") -> ReplayBuffer:
-    """The configured replay; image frames are stored once unless ``replay.dedup_frames`` is off.
+    """The configured replay; image frames are stored once unless ``replay.dedup_frames`` is off. An
+    algorithm that keeps its items otherwise makes its own store instead
+    (:meth:`~zmqrl.agents.base.Algorithm.make_store`: an on-policy FIFO of segments).
 
     ``spec`` (the algorithm's batch spec) fixes the stored arrays before any batch arrives. On the host
     (``replay.device`` cpu, or auto with the learner off CUDA) it is torch-free, so the learner can build its
@@ -96,6 +99,9 @@ def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, 
     torch device whatever the config says (the bench's torch replay on the CPU), ``sum_tree`` (host or
     device) is where its prioritized sampling searches.
     """
+    store = algorithm(cfg.agent.algo).make_store(cfg, spec or {})
+    if store is not None:  # the algorithm keeps its items otherwise (an on-policy FIFO of segments)
+        return store
     r = cfg.replay
     stacked = any(w in STACKING_WRAPPERS for w in cfg.env.wrappers)
     frame_stack = 0 if not r.dedup_frames else cfg.env.frame_stack if stacked else 1

@@ -3,7 +3,9 @@
 The loop is border's ``Trainer``: step the envs, turn steps into n-step transitions (or sequence
 items, for an algorithm that trains on sequences), and once ``trainer.warmup`` of them are stored,
 run one optimisation step every ``trainer.opt_interval`` env steps (sequence items, for sequences:
-replay, warm-up and the rate of updates count items, as Acme's and SEED RL's R2D2 do). Evaluation,
+replay, warm-up and the rate of updates count items, as Acme's and SEED RL's R2D2 do). An on-policy
+algorithm's store (:class:`~zmqrl.core.OnPolicyStore`) sets the rate itself: once it holds a batch of
+segments the loop trains on it for its ``agent.epochs`` passes, then acts again. Evaluation,
 checkpoints, records and the summary come from :class:`zmqrl.run.bookkeeping.Bookkeeper`, shared
 with the learner.
 
@@ -28,7 +30,7 @@ import torch
 
 from zmqrl.agents.torch_util import flush_denormals, resolve_device
 from zmqrl.config import Config
-from zmqrl.core import Agent, ReplayBuffer
+from zmqrl.core import Agent, OnPolicyStore, ReplayBuffer
 from zmqrl.envs.evaluator import GreedyEvaluator, evaluator_for
 from zmqrl.run.acting import STATE_FILE as ENV_STATE_FILE
 from zmqrl.run.acting import ActingLoop, Task, make_task
@@ -115,6 +117,8 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
 
     tc, batch_size, cost = cfg.trainer, cfg.agent.batch_size, book.cost
     per_item = type(cfg.agent).SEQUENCES  # updates owed per item inserted, not per env step
+    # an on-policy store says itself how many updates it can serve (trainer.opt_interval is not used)
+    on_policy = replay if isinstance(replay, OnPolicyStore) else None
 
     def perf() -> dict[str, float]:
         assert replay is not None
@@ -140,8 +144,11 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
                     cost.add("insert", time.perf_counter() - t1)
                     if len(replay) < tc.warmup:
                         continue
-                    made = 0 if acted.transitions is None else len(acted.transitions["reward"])
-                    counters.opt_credit += (made if per_item else acted.env_steps) / tc.opt_interval
+                    if on_policy is not None:  # a batch of segments, trained on for its passes
+                        counters.opt_credit = float(on_policy.updates_ready(batch_size))
+                    else:
+                        made = 0 if acted.transitions is None else len(acted.transitions["reward"])
+                        counters.opt_credit += (made if per_item else acted.env_steps) / tc.opt_interval
                 while counters.opt_credit >= 1.0 and not stop.set and not book.should_stop():
                     counters.opt_credit -= 1.0
                     t0 = time.perf_counter()
@@ -164,7 +171,8 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
         if stop.set:
             book.stop_reason = "interrupted"
         # before the envs close: their state is saved
-        summary = book.finish({"replay_size": len(replay), "replay_item": task.replay_item})
+        store = {"store": on_policy.summary()} if on_policy is not None else {}
+        summary = book.finish({"replay_size": len(replay), "replay_item": task.replay_item, **store})
         print_run_table(summary, path)
         return summary
     except BaseException:

@@ -6,9 +6,16 @@ the recurrent state the actor held before the item's first step (``state_h``, ``
 episode's items have their first trained step at the episode's steps ``0, P, 2P, ...`` with
 ``P = sequence_length - overlap``; item ``k`` holds steps ``kP - burn_in .. kP + sequence_length``,
 padding where those do not exist (before the episode's first step, after its last).
+
+The same adder makes an on-policy algorithm's *segments* (no burn-in, no overlap, no recurrent state
+where the policy has none): ``sequence_length`` steps and the step after them, whose observation
+bootstraps the last; each step may bring further per-step fields (``extras``: the behaviour
+log-probability), gathered and padded like ``action``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -42,6 +49,7 @@ class SequenceAdder:
         self._obs: np.ndarray | None = None  # rings (T, num_envs, ...), made by the first push
         self._action: np.ndarray | None = None
         self._state: np.ndarray | None = None
+        self._extras: dict[str, np.ndarray] = {}  # rings of the extra per-step fields, made by the first push
         self._reward = np.zeros((self.steps, self.num_envs), dtype=np.float32)
         self._terminated = np.zeros((self.steps, self.num_envs), dtype=bool)
 
@@ -55,17 +63,21 @@ class SequenceAdder:
         return self._t.copy()
 
     def push(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
-             truncated: np.ndarray, state: np.ndarray, valid: np.ndarray | None = None,
-             env_ids: np.ndarray | None = None) -> Batch | None:
+             truncated: np.ndarray, state: np.ndarray | None, valid: np.ndarray | None = None,
+             env_ids: np.ndarray | None = None, extras: Mapping[str, np.ndarray] | None = None) -> Batch | None:
         """Record one vector step; return the items it completes, or None.
 
         ``state`` (rows, 2, H) float32: the recurrent state each env held before acting on ``obs``
-        (``[:, 0]`` h, ``[:, 1]`` c; :class:`~zmqrl.core.RecurrentPolicy`). ``env_ids`` (distinct env
+        (``[:, 0]`` h, ``[:, 1]`` c; :class:`~zmqrl.core.RecurrentPolicy`), or None on every push for a
+        policy without one (items then have no ``state_h``, ``state_c``). ``extras``: further per-step
+        fields, one row per env (the same keys on every push), stored with each step. ``env_ids`` (distinct env
         indices, one per row; default: row i is env i, every env): the step of those envs only.
         ``valid`` (bool per row, default all): rows that are no step of their env (an env resetting
         after its episode ended) are ignored; an env in the middle of an episode may not skip one.
         """
-        obs, action, state = np.asarray(obs), np.asarray(action), np.asarray(state, dtype=np.float32)
+        obs, action = np.asarray(obs), np.asarray(action)
+        state = None if state is None else np.asarray(state, dtype=np.float32)
+        extra = {key: np.asarray(value) for key, value in (extras or {}).items()}
         rows = len(obs) if obs.ndim else 0
         ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
         if ids.ndim != 1 or ids.size != rows or np.unique(ids).size != ids.size or \
@@ -77,8 +89,8 @@ class SequenceAdder:
             flags[name] = np.asarray(x)
             if flags[name].shape != (rows,):
                 raise ValueError(f"{name}: expected shape ({rows},), got {flags[name].shape}")
-        self._check_rows(obs, action, state)
-        assert self._obs is not None and self._action is not None and self._state is not None
+        self._check_rows(obs, action, state, extra)
+        assert self._obs is not None and self._action is not None
         taken = flags["valid"].astype(bool)
         if np.any(self._t[ids[~taken]]):
             raise ValueError("valid: an env in the middle of an episode skipped a step")
@@ -87,7 +99,10 @@ class SequenceAdder:
         slots = t % self.steps
         self._obs[slots, ids] = obs[rows_taken]
         self._action[slots, ids] = action[rows_taken]
-        self._state[slots, ids] = state[rows_taken]
+        if self._state is not None and state is not None:
+            self._state[slots, ids] = state[rows_taken]
+        for key, ring in self._extras.items():
+            ring[slots, ids] = extra[key][rows_taken]
         self._reward[slots, ids] = flags["reward"][rows_taken]
         term = flags["terminated"][rows_taken].astype(bool)
         ended = term | flags["truncated"][rows_taken].astype(bool)
@@ -115,7 +130,7 @@ class SequenceAdder:
     def _items(self, env: np.ndarray, start: np.ndarray, last: np.ndarray) -> Batch:
         """The items of env ``env`` whose first trained step is episode step ``start``, the episode's steps
         known up to ``last`` (one entry per item)."""
-        assert self._obs is not None and self._action is not None and self._state is not None
+        assert self._obs is not None and self._action is not None
         step = start[:, None] - self.burn_in + np.arange(self.steps)  # (items, T): the episode step of each row
         real = (step >= 0) & (step <= last[:, None])
         slot = step % self.steps
@@ -126,28 +141,46 @@ class SequenceAdder:
             values[~real] = 0
             return values
 
-        first = np.maximum(start - self.burn_in, 0) % self.steps  # the first real row's step
-        state = self._state[first, env]
         discount = np.where(real & ~self._terminated[slot, column], self.gamma, np.float32(0.0))
-        return {"obs": gather(self._obs), "action": gather(self._action), "reward": gather(self._reward),
-                "discount": discount.astype(np.float32), "mask": real.astype(np.float32),
-                "state_h": state[:, 0].copy(), "state_c": state[:, 1].copy()}
+        items = {"obs": gather(self._obs), "action": gather(self._action), "reward": gather(self._reward),
+                 "discount": discount.astype(np.float32), "mask": real.astype(np.float32)}
+        for key, ring in self._extras.items():
+            items[key] = gather(ring)
+        if self._state is not None:
+            first = np.maximum(start - self.burn_in, 0) % self.steps  # the first real row's step
+            state = self._state[first, env]
+            items["state_h"], items["state_c"] = state[:, 0].copy(), state[:, 1].copy()
+        return items
 
-    def _check_rows(self, obs: np.ndarray, action: np.ndarray, state: np.ndarray) -> None:
+    def _check_rows(self, obs: np.ndarray, action: np.ndarray, state: np.ndarray | None,
+                    extra: dict[str, np.ndarray]) -> None:
         """Shapes and dtypes of a push's rows; the rings are made on the first push."""
         rows = len(obs) if obs.ndim else 0
-        for name, arr in (("obs", obs), ("action", action), ("state", state)):
+        given = {"obs": obs, "action": action, **extra}
+        if state is not None:
+            given["state"] = state
+        for name, arr in given.items():
             if arr.ndim == 0 or arr.shape[0] != rows:
                 raise ValueError(f"{name}: expected leading dim {rows}, got shape {arr.shape}")
-        if state.ndim != 3 or state.shape[1] != 2:
+        if state is not None and (state.ndim != 3 or state.shape[1] != 2):
             raise ValueError(f"state: expected shape (rows, 2, state size), got {state.shape}")
         if self._obs is None:
             self._obs = np.zeros((self.steps, self.num_envs, *obs.shape[1:]), dtype=obs.dtype)
             self._action = np.zeros((self.steps, self.num_envs, *action.shape[1:]), dtype=action.dtype)
-            self._state = np.zeros((self.steps, self.num_envs, *state.shape[1:]), dtype=np.float32)
-        assert self._action is not None and self._state is not None
-        for name, arr, ring in (("obs", obs, self._obs), ("action", action, self._action),
-                                ("state", state, self._state)):
+            if state is not None:
+                self._state = np.zeros((self.steps, self.num_envs, *state.shape[1:]), dtype=np.float32)
+            self._extras = {key: np.zeros((self.steps, self.num_envs, *arr.shape[1:]), dtype=arr.dtype)
+                            for key, arr in extra.items()}
+        assert self._action is not None
+        if (state is None) != (self._state is None) or set(extra) != set(self._extras):
+            raise ValueError(f"a push brings the state and extra fields the first one did: state "
+                             f"{'given' if self._state is not None else 'none'}, extras {sorted(self._extras)}; "
+                             f"got state {'given' if state is not None else 'none'}, extras {sorted(extra)}")
+        checked = [("obs", obs, self._obs), ("action", action, self._action),
+                   *((key, extra[key], ring) for key, ring in self._extras.items())]
+        if state is not None and self._state is not None:
+            checked.append(("state", state, self._state))
+        for name, arr, ring in checked:
             if arr.shape[1:] != ring.shape[2:] or (name != "state" and arr.dtype != ring.dtype):
                 raise ValueError(f"{name}: expected rows of shape {ring.shape[2:]} dtype {ring.dtype}, "
                                  f"got {arr.shape[1:]} {arr.dtype}")

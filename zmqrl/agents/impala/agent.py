@@ -1,0 +1,279 @@
+"""IMPALA (Espeholt et al. 2018) and APPO (Sample Factory, RLlib): an actor-critic trained on segments.
+
+:class:`ActorCriticPolicy` is what an actor runs in torch (the numpy one,
+:class:`~zmqrl.agents.impala.numpy_policy.NumpyActorCriticPolicy`, is the usual choice for an MLP);
+:class:`ImpalaAgent` adds the value network, the losses and the optimiser. One update takes a batch of
+segments (:mod:`zmqrl.agents.impala.segments`), computes the policy's log-probabilities of the actions
+taken and the values of every step, V-trace's targets and advantages from them
+(:mod:`zmqrl.agents.impala.vtrace`), and one gradient step on
+
+    pg_loss + vf_coef * 0.5 * (v_s - V(x_s))^2 - ent_coef * entropy,
+
+each a mean over the batch's trained steps. The policy gradient is IMPALA's
+``-min(rho_bar, rho_s) * A_s * log pi(a_s | x_s)`` or, with ``agent.clip_ratio`` > 0 (APPO), PPO's clipped
+surrogate ``-min(r_s A_s, clip(r_s, 1 - eps, 1 + eps) A_s)`` with ``r_s = pi / mu``; ``A_s`` the V-trace
+advantage, normalised over the batch where ``agent.normalize_advantages`` says so. Gradients are
+clipped by their global norm; a step whose loss or gradients are not finite is not applied.
+The learning rate and the entropy weight follow their schedules over ``trainer.max_opts`` steps.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from zmqrl.agents.impala.config import ImpalaConfig
+from zmqrl.agents.impala.numpy_policy import HALF_LOG_2PI, policy_param_shapes
+from zmqrl.agents.impala.segments import trained_steps
+from zmqrl.agents.impala.vtrace import vtrace
+from zmqrl.agents.torch_util import clip_gradients, load_module_params, module_params, nonfinite
+
+
+def mlp(in_dim: int, hidden: list[int], activation: str) -> nn.Sequential:
+    """Linear layers with ``activation`` after each (Linear at even indices, as the numpy policy reads them)."""
+    layers: list[nn.Module] = []
+    last = in_dim
+    for size in hidden:
+        layers += [nn.Linear(last, size), nn.Tanh() if activation == "tanh" else nn.ReLU()]
+        last = size
+    return nn.Sequential(*layers)
+
+
+class PolicyNet(nn.Module):
+    """The policy: an MLP torso and a categorical (``logits``) or Gaussian (``mean``, ``log_std``) head."""
+
+    def __init__(self, cfg: ImpalaConfig, obs_dim: int, action_space: gym.spaces.Space) -> None:
+        super().__init__()
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.torso = mlp(obs_dim, cfg.hidden, cfg.activation)
+        last = cfg.hidden[-1] if cfg.hidden else obs_dim
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.logits = nn.Linear(last, int(action_space.n))
+        else:
+            act_dim = int(np.prod(action_space.shape or ()))
+            self.mean = nn.Linear(last, act_dim)
+            self.log_std = nn.Parameter(torch.full((act_dim,), float(cfg.log_std_init)))
+        self.log_std_min = cfg.log_std_min
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.torso(obs)
+        return self.logits(x) if self.discrete else self.mean(x)  # type: ignore[no-any-return]
+
+    def clamped_log_std(self) -> torch.Tensor:
+        return self.log_std.clamp(min=self.log_std_min)
+
+
+class ValueNet(nn.Module):
+    """The learner's state-value estimate: an MLP and one output, orthogonally initialised (gain 1 at the output)."""
+
+    def __init__(self, cfg: ImpalaConfig, obs_dim: int) -> None:
+        super().__init__()
+        self.torso = mlp(obs_dim, cfg.hidden, cfg.activation)
+        self.out = nn.Linear(cfg.hidden[-1] if cfg.hidden else obs_dim, 1)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.orthogonal_(module.weight, gain=1.0 if module is self.out else float(np.sqrt(2.0)))
+                nn.init.zeros_(module.bias)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.out(self.torso(obs)).squeeze(-1)  # type: ignore[no-any-return]
+
+
+class ActorCriticPolicy:
+    """The policy network on a torch device, acting for actors, the evaluator and ``zmqrl train``."""
+
+    def __init__(self, cfg: ImpalaConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                 device: torch.device | str = "cpu", seed: int = 0) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.obs_dim = int(np.prod(obs_space.shape or ()))
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        if not self.discrete:
+            assert isinstance(action_space, gym.spaces.Box)
+            self.low = torch.as_tensor(np.asarray(action_space.low, np.float32).reshape(-1), device=self.device)
+            self.high = torch.as_tensor(np.asarray(action_space.high, np.float32).reshape(-1), device=self.device)
+            self.action_dtype = np.dtype(action_space.dtype or np.float32)
+        self.shapes = policy_param_shapes(cfg, self.obs_dim, action_space)
+        torch.manual_seed(seed)
+        self.policy = PolicyNet(cfg, self.obs_dim, action_space).to(self.device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self._logp = np.zeros(0, dtype=np.float32)
+
+    def _rows(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        x = torch.as_tensor(np.asarray(obs) if not isinstance(obs, torch.Tensor) else obs, device=self.device)
+        return x.reshape(len(x), -1).float()
+
+    def log_probs(self, head: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log pi(action) and the entropy, per row, from the policy head's output."""
+        if self.discrete:
+            logp_all = torch.log_softmax(head, dim=-1)
+            logp = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            return logp, entropy
+        log_std = self.policy.clamped_log_std()
+        z = (action - head) / log_std.exp()
+        logp = (-0.5 * z * z - log_std - HALF_LOG_2PI).sum(-1)
+        entropy = (log_std + 0.5 + HALF_LOG_2PI).sum().expand(logp.shape)
+        return logp, entropy
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, explore: float | np.ndarray) -> np.ndarray:
+        """Actions drawn from the policy (``explore`` is not used); their log-probabilities kept."""
+        head = self.policy(self._rows(obs))
+        if self.discrete:
+            u = torch.rand(head.shape, generator=self.generator, device=self.device).clamp_min(1e-12)
+            action = (torch.log_softmax(head, -1) - torch.log(-torch.log(u))).argmax(-1)
+        else:
+            noise = torch.randn(head.shape, generator=self.generator, device=self.device)
+            action = torch.minimum(torch.maximum(head + self.policy.clamped_log_std().exp() * noise, self.low),
+                                   self.high)
+        logp, _ = self.log_probs(head, action)
+        self._logp = logp.float().cpu().numpy()
+        if self.discrete:
+            return action.cpu().numpy().astype(np.int64)  # type: ignore[no-any-return]
+        return action.cpu().numpy().astype(self.action_dtype)  # type: ignore[no-any-return]
+
+    @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        head = self.policy(self._rows(obs))
+        if self.discrete:
+            return head.argmax(-1).cpu().numpy().astype(np.int64)  # type: ignore[no-any-return]
+        action = torch.minimum(torch.maximum(head, self.low), self.high)
+        return action.cpu().numpy().astype(self.action_dtype)  # type: ignore[no-any-return]
+
+    def acted_log_probs(self) -> np.ndarray:
+        return self._logp
+
+    def params(self) -> dict[str, np.ndarray]:
+        return module_params(self.policy)
+
+    def load_params(self, params: Mapping[str, np.ndarray]) -> None:
+        load_module_params(self.policy, params)
+
+    def priorities(self, batch: Mapping[str, np.ndarray]) -> None:
+        return None
+
+
+class ImpalaAgent(ActorCriticPolicy):
+    """The learner's actor-critic (module docstring)."""
+
+    METRICS = ("loss", "pg_loss", "value_loss", "entropy", "value_mean", "advantage_mean", "rho_mean",
+               "clip_fraction", "grad_norm", "lr", "ent_coef", "skipped")
+
+    def __init__(self, cfg: ImpalaConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                 device: torch.device | str = "cpu", seed: int = 0, max_opts: int = 0) -> None:
+        super().__init__(cfg, obs_space, action_space, device, seed)
+        self.value = ValueNet(cfg, self.obs_dim).to(self.device)
+        self.max_opts = max_opts
+        params = [*self.policy.parameters(), *self.value.parameters()]
+        self.optimizer: torch.optim.Optimizer
+        if cfg.optimizer == "adam":
+            self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.adam_eps)
+        else:
+            self.optimizer = torch.optim.RMSprop(params, lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.rmsprop_eps)
+        self.opt_steps = 0
+        self._both = _Both(self.policy, self.value)
+
+    def _progress(self) -> float:
+        """The share of ``trainer.max_opts`` done, for the schedules."""
+        return min(1.0, self.opt_steps / self.max_opts) if self.max_opts > 0 else 0.0
+
+    def lr_now(self) -> float:
+        cfg = self.cfg
+        return cfg.lr * (1.0 - self._progress()) if cfg.lr_schedule == "linear" else cfg.lr
+
+    def ent_coef_now(self) -> float:
+        cfg = self.cfg
+        if cfg.ent_coef_end is None:
+            return cfg.ent_coef
+        return cfg.ent_coef + (cfg.ent_coef_end - cfg.ent_coef) * self._progress()
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], None]:
+        """One optimisation step on a batch of segments; returns its metrics (no priorities)."""
+        cfg, dev = self.cfg, self.device
+        obs = torch.as_tensor(np.asarray(batch["obs"]), device=dev).float()
+        n, steps = obs.shape[:2]
+        length = steps - 1
+        action = torch.as_tensor(np.asarray(batch["action"])[:, :length], device=dev)
+        reward = torch.as_tensor(np.asarray(batch["reward"], np.float32)[:, :length], device=dev)
+        discount = torch.as_tensor(np.asarray(batch["discount"], np.float32)[:, :length], device=dev)
+        behaviour = torch.as_tensor(np.asarray(batch["logp"], np.float32)[:, :length], device=dev)
+        trained = torch.as_tensor(trained_steps(batch["mask"], batch["discount"]), device=dev)
+        count = trained.sum().clamp(min=1.0)
+
+        flat = obs.reshape(n * steps, -1)
+        values = self.value(flat).view(n, steps)
+        head = self.policy(obs[:, :length].reshape(n * length, -1))
+        if self.discrete:
+            head_action = action.reshape(n * length)
+        else:
+            head_action = action.reshape(n * length, -1).float()
+        logp, entropy = self.log_probs(head, head_action)
+        logp, entropy = logp.view(n, length), entropy.reshape(n, length)
+        log_rho = (logp.detach() - behaviour).clamp(-20.0, 20.0)
+        vt = vtrace(log_rho, reward, discount, values.detach(), trained, cfg.rho_bar, cfg.c_bar, cfg.trace_lambda)
+        advantages = vt.advantages
+        if cfg.normalize_advantages:
+            mean = (advantages * trained).sum() / count
+            var = (((advantages - mean) * trained) ** 2).sum() / count
+            advantages = (advantages - mean) / (var.sqrt() + 1e-8) * trained
+        if cfg.clip_ratio > 0:  # APPO: PPO's clipped surrogate over the behaviour policy
+            ratio = torch.exp((logp - behaviour).clamp(-20.0, 20.0))
+            clipped = ratio.clamp(1.0 - cfg.clip_ratio, 1.0 + cfg.clip_ratio)
+            surrogate = torch.minimum(ratio * advantages, clipped * advantages)
+            pg_loss = -(surrogate * trained).sum() / count
+            clip_fraction = (((ratio - 1.0).abs() > cfg.clip_ratio).float() * trained).sum() / count
+        else:  # IMPALA: the importance-weighted policy gradient
+            pg_loss = -(vt.clipped_rho * advantages * logp * trained).sum() / count
+            clip_fraction = ((vt.clipped_rho < log_rho.exp()).float() * trained).sum() / count
+        value_loss = 0.5 * (((vt.vs - values[:, :length]) ** 2) * trained).sum() / count
+        mean_entropy = (entropy * trained).sum() / count
+        ent_coef, lr = self.ent_coef_now(), self.lr_now()
+        loss = pg_loss + cfg.vf_coef * value_loss - ent_coef * mean_entropy
+
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = clip_gradients(self._both, cfg.max_grad_norm)
+        skipped = nonfinite(loss, grad_norm)
+        if not bool(skipped):
+            self.optimizer.step()
+        self.opt_steps += 1
+        stats = torch.stack([loss.detach(), pg_loss.detach(), value_loss.detach(), mean_entropy.detach(),
+                             (values[:, :length].detach() * trained).sum() / count,
+                             (vt.advantages * trained).sum() / count,
+                             (log_rho.exp() * trained).sum() / count, clip_fraction, grad_norm.detach(),
+                             torch.tensor(lr), torch.tensor(ent_coef), skipped]).float().cpu().tolist()
+        return dict(zip(self.METRICS, stats, strict=True)), None
+
+    def adopt_initial(self, params: Mapping[str, np.ndarray]) -> None:
+        """Start from version-0 policy parameters (the value network has no published counterpart)."""
+        self.load_params(params)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy.state_dict(), "value": self.value.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.value.load_state_dict(state["value"])
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        self.opt_steps = int(state["opt_steps"])
+        self.generator.set_state(state["generator"].cpu())
+
+
+class _Both(nn.Module):
+    """The policy and the value network as one module, for one global gradient norm."""
+
+    def __init__(self, policy: nn.Module, value: nn.Module) -> None:
+        super().__init__()
+        self.policy, self.value = policy, value

@@ -1,0 +1,163 @@
+"""IMPALA's and APPO's acting half in plain numpy, and what both policies share (torch-free).
+
+The policy network is an MLP torso (``torso``: Linear and tanh or ReLU layers) and a head: for
+Discrete actions ``logits`` (a categorical policy), for Box actions ``mean`` and a state-independent
+``log_std`` (a Gaussian, its samples clipped to the Box for the env; the log-density is that of the
+clipped action, the same arithmetic in the actor and the learner, so importance weights compare like
+with like). The value network lives on the learner alone. Parameters keep the torch modules' names
+and shapes (:func:`policy_param_shapes`), so the learner publishes the same arrays to either backend.
+
+Actions are drawn from the policy in every actor (no ε): an on-policy algorithm explores by the
+entropy of its own policy. Each :meth:`NumpyActorCriticPolicy.act` call keeps the log-probability of
+every action it drew (:class:`~zmqrl.core.RecordsLogProbs`), which the actor sends with the segment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import gymnasium as gym
+import numpy as np
+
+from zmqrl.agents.impala.config import ImpalaConfig
+from zmqrl.agents.numpy_mlp import Layer, as_rows, check_params, linear, linear_stack_shapes
+
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+LOGP_MIN = -1000.0  # no honest policy draws an action whose log-probability is below this (its chance: e^-1000)
+
+
+def policy_param_shapes(cfg: ImpalaConfig, obs_dim: int, action_space: gym.spaces.Space) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of :class:`~zmqrl.agents.impala.networks.PolicyNet`'s parameters."""
+    shapes = linear_stack_shapes("torso", obs_dim, cfg.hidden)
+    last = cfg.hidden[-1] if cfg.hidden else obs_dim
+    if isinstance(action_space, gym.spaces.Discrete):
+        shapes["logits.weight"], shapes["logits.bias"] = (int(action_space.n), last), (int(action_space.n),)
+    else:
+        act_dim = int(np.prod(action_space.shape or ()))
+        shapes["mean.weight"], shapes["mean.bias"] = (act_dim, last), (act_dim,)
+        shapes["log_std"] = (act_dim,)
+    return shapes
+
+
+def orthogonal(shape: tuple[int, int], gain: float, rng: np.random.Generator) -> np.ndarray:
+    """A (rows, cols) matrix with orthonormal rows or columns times ``gain`` (Saxe et al. 2014; torch's
+    ``nn.init.orthogonal_``), drawn with numpy."""
+    rows, cols = shape
+    flat = rng.standard_normal((max(rows, cols), min(rows, cols)))
+    q, r = np.linalg.qr(flat)
+    q *= np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    return (gain * q[:rows, :cols]).astype(np.float32)
+
+
+def initial_policy_params(cfg: ImpalaConfig, obs_dim: int, action_space: gym.spaces.Space,
+                          seed: int) -> dict[str, np.ndarray]:
+    """Version-0 policy parameters: orthogonal weights, gain sqrt(2) in the torso and 0.01 in the head, zero
+    biases and ``log_std`` at ``agent.log_std_init`` (the initialisation of OpenAI Baselines' and SB3's PPO,
+    which keeps the first policy close to uniform)."""
+    rng = np.random.default_rng(seed)
+    params: dict[str, np.ndarray] = {}
+    for name, shape in policy_param_shapes(cfg, obs_dim, action_space).items():
+        if name == "log_std":
+            params[name] = np.full(shape, cfg.log_std_init, dtype=np.float32)
+        elif name.endswith(".bias"):
+            params[name] = np.zeros(shape, dtype=np.float32)
+        else:
+            gain = 0.01 if name.startswith(("logits", "mean")) else math.sqrt(2.0)
+            params[name] = orthogonal((shape[0], shape[1]), gain, rng)
+    return params
+
+
+def logp_bound(cfg: ImpalaConfig, action_space: gym.spaces.Space) -> float:
+    """The largest log-probability an honest action can carry: 0 for a categorical policy; for a Gaussian the
+    log-density at its mean with the smallest standard deviation allowed, ``-dim (log(2 pi)/2 + log_std_min)``."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return 0.0
+    act_dim = int(np.prod(action_space.shape or ()))
+    return float(act_dim * (-HALF_LOG_2PI - cfg.log_std_min))
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))  # type: ignore[no-any-return]
+
+
+class NumpyActorCriticPolicy:
+    """The policy network evaluated with numpy (float32): categorical for Discrete actions, Gaussian
+    (clipped to the bounds) for Box actions."""
+
+    def __init__(self, cfg: ImpalaConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                 seed: int = 0) -> None:
+        self.cfg = cfg
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.shapes = policy_param_shapes(cfg, int(np.prod(obs_space.shape or ())), action_space)
+        if not self.discrete:
+            assert isinstance(action_space, gym.spaces.Box)
+            self.low = np.asarray(action_space.low, dtype=np.float32).reshape(-1)
+            self.high = np.asarray(action_space.high, dtype=np.float32).reshape(-1)
+            self.dtype = np.dtype(action_space.dtype or np.float32)
+        self.relu = cfg.activation == "relu"
+        self.rng = np.random.default_rng(seed)
+        self._logp = np.zeros(0, dtype=np.float32)
+        self.load_params(initial_policy_params(cfg, int(np.prod(obs_space.shape or ())), action_space, seed))
+
+    def load_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Take named arrays from the learner; names and shapes must match exactly."""
+        check_params(params, self.shapes)
+        self.torso: list[Layer] = [linear(params, f"torso.{2 * i}") for i in range(len(self.cfg.hidden))]
+        self.head = linear(params, "logits" if self.discrete else "mean")
+        if not self.discrete:
+            self.log_std = np.maximum(np.asarray(params["log_std"], dtype=np.float32), np.float32(self.cfg.log_std_min))
+
+    def _head(self, obs: np.ndarray) -> np.ndarray:
+        x = as_rows(obs)
+        for w, b in self.torso:
+            x = x @ w
+            x += b
+            if self.relu:
+                np.maximum(x, np.float32(0.0), out=x)
+            else:
+                np.tanh(x, out=x)
+        out = x @ self.head[0]
+        out += self.head[1]
+        return out  # type: ignore[no-any-return]
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """The most likely action: the largest logit, or the Gaussian's mean clipped to the bounds."""
+        out = self._head(obs)
+        if self.discrete:
+            return out.argmax(axis=1).astype(np.int64)  # type: ignore[no-any-return]
+        return np.clip(out, self.low, self.high).astype(self.dtype, copy=False)  # type: ignore[no-any-return]
+
+    def act(self, obs: np.ndarray, explore: float | np.ndarray) -> np.ndarray:
+        """Actions drawn from the policy (``explore`` is not used: the policy's own entropy explores); their
+        log-probabilities are kept for :meth:`acted_log_probs`."""
+        out = self._head(obs)
+        if self.discrete:
+            logp_all = log_softmax(out.astype(np.float64))
+            gumbel = -np.log(-np.log(self.rng.random(out.shape)))
+            action = (logp_all + gumbel).argmax(axis=1)
+            self._logp = np.take_along_axis(logp_all, action[:, None], axis=1)[:, 0].astype(np.float32)
+            return action.astype(np.int64)  # type: ignore[no-any-return]
+        std = np.exp(self.log_std)
+        sample = out + std * self.rng.standard_normal(out.shape, dtype=np.float32)
+        action = np.clip(sample, self.low, self.high).astype(np.float32)
+        self._logp = gaussian_logp(action, out, self.log_std)
+        return action.astype(self.dtype, copy=False)  # type: ignore[no-any-return]
+
+    def acted_log_probs(self) -> np.ndarray:
+        """The log-probability of each action the last :meth:`act` call drew (float32, one per row)."""
+        return self._logp
+
+    def priorities(self, batch: Mapping[str, np.ndarray]) -> None:
+        """None: an on-policy store has no priorities."""
+        return None
+
+
+def gaussian_logp(action: np.ndarray, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+    """log N(action; mean, exp(log_std)) summed over action dims (float32 rows)."""
+    z = (np.asarray(action, np.float64) - mean) / np.exp(log_std.astype(np.float64))
+    logp = (-0.5 * z * z - log_std - HALF_LOG_2PI).sum(axis=1)
+    return logp.astype(np.float32)  # type: ignore[no-any-return]
