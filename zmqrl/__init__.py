@@ -1,7 +1,7 @@
 """zmqrl: distributed off-policy reinforcement learning on ZeroMQ.
 
 The Python API (:mod:`zmqrl.tools.api`): ``load_config``, ``run_train``, ``run_local``, ``load_policy``,
-``plot_runs`` and the errors ``ConfigError`` and ``CheckpointError``. Each loads on first use,
+``save_callable``, ``plot_runs`` and the errors ``ConfigError`` and ``CheckpointError``. Each loads on first use,
 so ``import zmqrl`` imports neither torch nor gymnasium.
 """
 
@@ -17,6 +17,7 @@ _LAZY = {  # attribute -> the module that defines it
     "run_train": "zmqrl.tools.api",
     "run_local": "zmqrl.tools.api",
     "load_policy": "zmqrl.tools.api",
+    "save_callable": "zmqrl.tools.api",
     "TrainedPolicy": "zmqrl.tools.enjoy",
     "plot_runs": "zmqrl.tools.plot",
     "Config": "zmqrl.config",

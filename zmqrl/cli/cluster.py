@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from zmqrl.cli.common import Command, add_config_args, add_supervision_args, config_from_run_dir, load_config
+from zmqrl.cli.common import (
+    Command,
+    add_callable_args,
+    add_config_args,
+    add_supervision_args,
+    config_from_run_dir,
+    load_config,
+    take_callables,
+)
 
 
 def run_head(args: argparse.Namespace) -> int:
@@ -13,7 +21,8 @@ def run_head(args: argparse.Namespace) -> int:
 
     config_from_run_dir(args)
     cfg = load_config(args)
-    return run(cfg, args.config, args.overrides, args.run_dir, bind=args.bind, evaluator=not args.no_evaluator,
+    extra = take_callables(args, cfg)
+    return run(cfg, args.config, args.overrides + extra, args.run_dir, bind=args.bind, evaluator=not args.no_evaluator,
                resume=args.resume, auto_resume=args.auto_resume, max_restarts=args.max_restarts,
                fail_fast=args.fail_fast)
 
@@ -22,7 +31,8 @@ def run_host(args: argparse.Namespace) -> int:
     from zmqrl.roles.launch.cluster import run_host as run
 
     cfg = load_config(args)
-    return run(cfg, args.config, args.overrides, args.learner, args.actors, args.first_id, args.run_dir,
+    extra = take_callables(args, cfg, copy_in=False)  # used where they lie: a copy here, or on a shared file system
+    return run(cfg, args.config, args.overrides + extra, args.learner, args.actors, args.first_id, args.run_dir,
                name=args.name, max_restarts=args.max_restarts, fail_fast=args.fail_fast)
 
 
@@ -37,6 +47,7 @@ def head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auto-resume", action="store_true", help="resume when RUN_DIR holds a checkpoint, start fresh "
                                                               "otherwise (for schedulers that restart or requeue)")
     p.add_argument("--no-evaluator", action="store_true", help="run without the evaluator")
+    add_callable_args(p)
     add_supervision_args(p)
 
 
@@ -50,6 +61,7 @@ def host_args(p: argparse.ArgumentParser) -> None:
                                      "runs/<name>-host-<host name>)")
     p.add_argument("--name", help="this host's name in the run (default SHORT_HOSTNAME-FIRST_ID); its proxy is "
                                   "proxy-NAME")
+    add_callable_args(p, where="a copy of the head's RUN_DIR/callables/ file, or its path on a shared file system")
     add_supervision_args(p)
 
 

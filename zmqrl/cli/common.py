@@ -46,10 +46,38 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_config(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
-    """The config CONFIG and ``--set`` say (``extra`` overrides first), with logging set up from it."""
+    """The config CONFIG and ``--set`` say (``extra`` overrides first), with logging set up from it; its
+    callables files (``env.fn`` and the like) resolved against ``--run-dir``."""
+    from zmqrl.run import user_callables
+
     cfg = config_mod.load(args.config, list(extra or []) + args.overrides)
     setup_logging(cfg.run.log_level, getattr(args, "role_label", args.command))
-    return cfg
+    return user_callables.resolve(cfg, getattr(args, "run_dir", None))
+
+
+def add_callable_args(p: argparse.ArgumentParser, where: str = "copied into RUN_DIR/callables/") -> None:
+    """``--env-fn``, ``--wrappers-fn`` and ``--network-fn``: callables files from Python
+    (``zmqrl.save_callable``), as the launchers and ``zmqrl train`` take them."""
+    p.add_argument("--env-fn", metavar="FILE", help=f"an env factory's callables file (sets env.fn; {where})")
+    p.add_argument("--wrappers-fn", metavar="FILE", help=f"a callables file of env wrappers (sets env.wrappers_fn; "
+                                                          f"{where})")
+    p.add_argument("--network-fn", metavar="FILE", help=f"a torch torso's callables file (sets agent.network_fn; "
+                                                         f"{where})")
+
+
+def take_callables(args: argparse.Namespace, cfg: Config, copy_in: bool = True) -> list[str]:
+    """The ``--env-fn``-style files into ``cfg`` (copied into the run directory with ``copy_in``; a default run
+    directory is picked when none is given); returns the ``--set`` overrides that tell the roles."""
+    import time
+
+    from zmqrl.run import user_callables
+
+    files = {kind: getattr(args, flag[2:].replace("-", "_"), None) for kind, flag in user_callables.FLAGS.items()}
+    if not any(files.values()):
+        return []
+    if copy_in and not args.run_dir:
+        args.run_dir = cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return user_callables.adopt(cfg, args.run_dir, files, copy_in=copy_in)
 
 
 def config_from_run_dir(args: argparse.Namespace) -> None:

@@ -8,10 +8,12 @@ from zmqrl.cli.common import (
     ADDR_HELP,
     BIND_HELP,
     Command,
+    add_callable_args,
     add_config_args,
     add_supervision_args,
     config_from_run_dir,
     load_config,
+    take_callables,
 )
 from zmqrl.config import ConfigError, NetConfig
 from zmqrl.roles.addresses import endpoint, same_host
@@ -20,7 +22,9 @@ from zmqrl.roles.addresses import endpoint, same_host
 def run_train(args: argparse.Namespace) -> int:
     from zmqrl.run.train import train
 
-    summary = train(load_config(args), args.run_dir, resume=args.resume)
+    cfg = load_config(args)
+    take_callables(args, cfg)
+    summary = train(cfg, args.run_dir, resume=args.resume)
     interrupted = summary["stop_reason"] == "interrupted"
     return 130 if interrupted and args.strict_exit else 0
 
@@ -108,7 +112,8 @@ def run_local(args: argparse.Namespace) -> int:
 
     config_from_run_dir(args)
     cfg = load_config(args, [f"actor.num_actors={args.actors}"])
-    return run(cfg, args.config, args.overrides, args.actors, args.run_dir, evaluator=not args.no_evaluator,
+    extra = take_callables(args, cfg)
+    return run(cfg, args.config, args.overrides + extra, args.actors, args.run_dir, evaluator=not args.no_evaluator,
                resume=args.resume, max_restarts=args.max_restarts, fail_fast=args.fail_fast)
 
 
@@ -117,6 +122,7 @@ def train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest")
     p.add_argument("--strict-exit", action="store_true", help="exit 130 when interrupted")
+    add_callable_args(p)
 
 
 def learner_args(p: argparse.ArgumentParser) -> None:
@@ -174,6 +180,7 @@ def local_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-evaluator", action="store_true", help="run without the evaluator")
     p.add_argument("--resume", action="store_true", help="continue the run in RUN_DIR from checkpoints/latest "
                                                          "(CONFIG defaults to RUN_DIR/config.yaml)")
+    add_callable_args(p)
     add_supervision_args(p)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from zmqrl.config import Config, ConfigError
+from zmqrl.run import user_callables
 from zmqrl.run.checkpoint import CheckpointError, checkpoint_dir, load_policy_params, policy_file
 from zmqrl.run.rundir import run_config
 
@@ -51,7 +52,7 @@ class TrainedPolicy:
         from zmqrl.run.acting import make_task
 
         self.run_dir = Path(run_dir)
-        self.cfg: Config = run_config(self.run_dir)
+        self.cfg: Config = user_callables.resolve(run_config(self.run_dir), self.run_dir)  # callables/ of the run
         self.checkpoint = checkpoint_dir(self.run_dir, checkpoint)
         self.name = str(checkpoint)
         params, self.state = load_policy_params(self.checkpoint)

@@ -54,11 +54,9 @@ class SAC(Algorithm):
         if not (np.isfinite(low).all() and np.isfinite(high).all() and (high > low).all()):
             raise ConfigError(f"{env} has action space {action_space}; agent.algo=sac needs finite bounds with "
                               "low < high in every dimension (for Discrete actions use agent.algo=dqn)")
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise ConfigError(f"{env} has observation space {obs_space}; agent.algo=sac needs a Box")
-        if len(obs_space.shape) != 1 and not cfg.agent.network_fn:
+        if not isinstance(obs_space, gym.spaces.Box) or (len(obs_space.shape) != 1 and not cfg.agent.network_fn):
             raise ConfigError(f"{env} has observation space {obs_space}; agent.algo=sac needs a 1-D Box "
-                              "(vector observations), or a torso of your own for others (agent.network_fn)")
+                              "(vector observations), or any Box under a torso of your own (agent.network_fn)")
 
     def make_policy(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                     seed: int = 0, backend: str = "auto", device: str = "cpu") -> Policy:

@@ -119,7 +119,7 @@ class SACAgent(CompiledUpdates, SACPolicy):
     def __init__(self, cfg: SACConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Box,
                  device: torch.device | str = "cpu", seed: int = 0) -> None:
         super().__init__(cfg, obs_space, action_space, device, seed)
-        torsos = None
+        torsos: tuple[list[nn.Module], int] | None = None
         if cfg.network_fn:  # a copy of the user's torso per critic, as the actor has its own
             made = [user_torso(cfg, obs_space) for _ in range(cfg.n_critics)]
             torsos = ([torso for torso, _ in made], made[0][1])

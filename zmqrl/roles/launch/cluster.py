@@ -22,6 +22,7 @@ from zmqrl.roles.addresses import free_port
 from zmqrl.roles.launch.local import config_args, require_resumable
 from zmqrl.roles.launch.processes import RoleSpec, zmqrl_command
 from zmqrl.roles.launch.supervisor import MAX_RESTARTS, Supervisor
+from zmqrl.run import user_callables
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.rundir import FIRST_UPDATE_FILE
 
@@ -65,6 +66,7 @@ def run_head(cfg: Config, config_path: str | None, overrides: list[str], run_dir
     elif auto_resume and _has_checkpoint(path):
         resume = True
         log.info("head: %s holds a checkpoint; resuming from it", path)
+    user_callables.announce(cfg, "head")  # the callables files load here before any role starts
     net = cfg.net
     bind_host = bind or net.bind_host
     local = "127.0.0.1" if bind_host in ("0.0.0.0", "*") else bind_host  # where the evaluator reaches the learner
@@ -124,6 +126,7 @@ def run_host(cfg: Config, config_path: str | None, overrides: list[str], learner
                           f"must be below actor.num_actors={total}, the number of actors over all hosts (set it with "
                           f"--set actor.num_actors=TOTAL)")
     host = learner_host(learner)
+    user_callables.announce(cfg, "host", user_callables.HOST_HINT)
     name = name or host_name(first_id)
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
         raise ConfigError(f"--name: {name!r} may hold only letters, digits, '_', '.', '-'")

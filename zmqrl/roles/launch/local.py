@@ -18,7 +18,7 @@ from zmqrl.config import Config, ConfigError
 from zmqrl.roles.addresses import free_port
 from zmqrl.roles.launch.processes import RoleSpec, zmqrl_command
 from zmqrl.roles.launch.supervisor import MAX_RESTARTS, Supervisor
-from zmqrl.run import checkpoint
+from zmqrl.run import checkpoint, user_callables
 from zmqrl.run.lifecycle import StopFlag
 from zmqrl.run.record import print_run_table
 from zmqrl.run.rundir import FIRST_UPDATE_FILE, read_json, write_json_atomic
@@ -89,6 +89,7 @@ def run_local(cfg: Config, config_path: str | None, overrides: list[str], actors
     """
     if resume:
         require_resumable(run_dir)
+    user_callables.announce(cfg, "local")  # the callables files load here before any role starts
     path = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     (path / "logs").mkdir(parents=True, exist_ok=True)
     summary_path = path / "summary.json"
