@@ -171,3 +171,14 @@ def describe(cfg: Config) -> str:
 def objects(env: Any = None, wrappers: Sequence[Any] | Any = None, network: Any = None) -> dict[str, Any]:
     """The API's keyword arguments by kind."""
     return {"env": env, "wrappers": wrappers, "network": network}
+
+
+HOST_HINT = ("; a host reads the file its own config names: give it the head's with zmqrl host {flag} FILE (a copy of "
+             "the head's RUN_DIR/callables/{kind}.pkl, or that path on a shared file system)")
+
+
+def announce(cfg: Config, who: str, hint: str = "") -> None:
+    """A launcher's check of the callables files before it starts any role (:func:`check`), and its log line."""
+    if configured(cfg):
+        check(cfg, hint)
+        log.info("%s: callables from Python: %s", who, describe(cfg))
