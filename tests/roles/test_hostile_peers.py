@@ -766,3 +766,92 @@ def test_image_sequences_keep_each_frame_once_and_frames_that_share_nothing_are_
     finally:
         push.close(linger=0)
         learner.close()
+
+
+# ------------------------------------------------------------------------- segments (on-policy agents)
+
+CARTPOLE_APPO = REPO / "configs" / "cartpole_appo.yaml"
+
+
+def test_hostile_segments_are_refused_by_reason_and_store_nothing(tmp_path: Path, zctx: zmq.Context) -> None:
+    """Segments whose behaviour log-probabilities, masks, terminations or lengths a peer made up: each refused
+    by reason (the value limits: log-probabilities finite and <= 0 for a categorical policy; APPO's meaning
+    check; the batch spec), nothing of it in the store; the honest batch after each goes in whole."""
+    cfg = config.load(CARTPOLE_APPO, ["run.log_level=warning", "trainer.warmup=8", "replay.capacity=10000"])
+    n = cfg.actor.n_buffer
+    items = acted_items(cfg, 14 * n, seed=5)
+    honest = [{k: v[i * n:(i + 1) * n] for k, v in items.items()} for i in range(14)]
+    base = honest[0]
+    going = int(np.flatnonzero(base["mask"][:, -1] == 1)[0])  # a segment whose every step is real
+
+    def at(value: float, key: str = "logp", step: int = 3) -> Any:
+        return lambda a: a.__setitem__((going, step), value)
+
+    hostile: list[tuple[str, dict[str, np.ndarray]]] = [
+        ("values", spoiled(base, "logp", at(np.nan))),
+        ("values", spoiled(base, "logp", at(np.inf))),
+        ("values", spoiled(base, "logp", at(-np.inf))),
+        ("values", spoiled(base, "logp", at(0.5))),  # a probability above 1
+        ("values", spoiled(base, "logp", at(-1e30))),  # below any policy's: an importance weight of e^1e30
+        ("values", spoiled(base, "mask", at(0.5))),
+        ("values", spoiled(base, "mask", at(0.0, step=4))),  # a hole in the run of real steps
+        ("values", spoiled(base, "discount", at(0.0, step=2))),  # a termination before the end
+        ("values", spoiled(base, "reward", at(np.nan))),
+        ("values", spoiled(base, "action", at(2))),
+        ("schema", spoiled(base, "logp", base["logp"][:, 1:])),  # a step short
+        ("schema", {k: v for k, v in base.items() if k != "logp"}),  # no behaviour log-probabilities
+    ]
+    learner = in_process_learner(cfg, tmp_path / "run")
+    push = push_to(zctx, learner.endpoints["data"])
+    try:
+        for i, (_, bad) in enumerate(hostile):
+            line = {"model_inc": learner.incarnation}  # acted by this learner's version 0
+            push.send_multipart(batch_frames(f"rogue-{i}", 0, bad, line))
+            push.send_multipart(batch_frames("actor-0", i, honest[i + 1], line))
+        ingest_until(learner, lambda: learner.batches == len(hostile))
+        counts = learner.intake.receiver.rejected
+        assert dict(counts) == {"values": 10, "schema": 2}, counts
+        assert len(learner.replay) == n * len(hostile) and learner.writer.rejected == 0
+        stored = learner.replay.sample(len(learner.replay))
+        for key in base:
+            sent = np.concatenate([b[key] for b in honest[1:len(hostile) + 1]])
+            np.testing.assert_array_equal(stored[key], sent, err_msg=key)
+        summary = learner.summary_extra()
+        assert summary["replay_item"] == "segment" and summary["store"]["dropped_other_line"] == 0
+    finally:
+        push.close(linger=0)
+        learner.close()
+
+
+def test_segments_too_old_for_the_learner_are_dropped_and_counted_and_a_full_store_pauses(
+        tmp_path: Path, zctx: zmq.Context) -> None:
+    """A segment acted more than ``trainer.max_policy_lag`` versions ago, or by another learner's line, is not
+    trained on but counted in the summary; one inside the lag is taken; past ``replay.capacity`` the store
+    asks the learner to pause its actors (honest data already sent still goes in)."""
+    cfg = config.load(CARTPOLE_APPO, ["run.log_level=warning", "trainer.warmup=8", "replay.capacity=24",
+                                      "trainer.max_policy_lag=5"])
+    n = cfg.actor.n_buffer
+    items = acted_items(cfg, 4 * n, seed=6)
+    batches = [{k: v[i * n:(i + 1) * n] for k, v in items.items()} for i in range(4)]
+    learner = in_process_learner(cfg, tmp_path / "run")
+    learner.book.version = 30  # as if it had published 30 versions
+    push = push_to(zctx, learner.endpoints["data"])
+    try:
+        for seq, (version, line) in enumerate(((24, learner.incarnation), (25, learner.incarnation),
+                                               (30, "another-learner"), (29, learner.incarnation))):
+            frames = encode(BATCH, sender="actor-0", incarnation="inc-1", seq=seq, version=version,
+                            arrays=batches[seq], meta={"model_inc": line, "stats": {"env_steps": 100 * (seq + 1)}})
+            push.send_multipart(frames)
+        ingest_until(learner, lambda: learner.batches == 4)
+        store = learner.summary_extra()["store"]
+        assert (store["dropped_lag"], store["dropped_other_line"], store["queued"]) == (n, n, 2 * n)
+        assert not learner.on_policy.full  # 16 of 24
+        push.send_multipart(encode(BATCH, sender="actor-0", incarnation="inc-1", seq=4, version=30,
+                                   arrays=batches[0], meta={"model_inc": learner.incarnation}))
+        ingest_until(learner, lambda: learner.batches == 5)
+        assert learner.on_policy.full and len(learner.replay) == 3 * n  # nothing refused
+        assert learner.limiter.update_pause(learner.book.opt_steps, True, full=learner.on_policy.full)
+        assert learner.limiter.paused
+    finally:
+        push.close(linger=0)
+        learner.close()

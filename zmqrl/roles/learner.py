@@ -271,6 +271,8 @@ class Learner(RoleProcess):
         if not work:
             return 0
         batches = [w for w in work if isinstance(w, Arrived)]
+        if self.on_policy is not None and batches:
+            self.on_policy.at_version(self.book.version)  # what a segment's version is measured against
         inserted = sum(self._account(item) for item in self.writer.insert(batches)) if batches else 0
         for w in work:
             if isinstance(w, Evaluation):

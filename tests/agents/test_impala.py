@@ -1,0 +1,280 @@
+"""IMPALA and APPO: V-trace against the paper, segments, the policies, the update, the seam's store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from zmqrl import config
+from zmqrl.agents.impala.numpy_policy import LOGP_MIN, NumpyActorCriticPolicy, logp_bound
+from zmqrl.agents.impala.segments import segment_problem, trained_steps
+from zmqrl.agents.impala.vtrace import vtrace
+from zmqrl.bench.data import acted_items
+from zmqrl.config import ConfigError
+from zmqrl.replay.onpolicy import SegmentQueue
+from zmqrl.replay.uniform import UniformReplay
+from zmqrl.run.acting import make_task
+from zmqrl.run.startup import make_replay_from
+
+REPO = Path(__file__).resolve().parents[2]
+CARTPOLE_APPO = REPO / "configs" / "cartpole_appo.yaml"
+
+
+def appo(*sets: str) -> config.Config:
+    return config.load(CARTPOLE_APPO, ["run.log_level=warning", *sets])
+
+
+# --------------------------------------------------------------------------------------------- V-trace
+
+def vtrace_reference(log_rho: np.ndarray, reward: np.ndarray, discount: np.ndarray, values: np.ndarray,
+                     trained: np.ndarray, rho_bar: float, c_bar: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """V-trace transcribed from the paper's definition (Espeholt et al. 2018, eq. 1), one segment and step at a
+    time: ``v_s = V(x_s) + sum_{t=s}^{end} (prod_{i=s}^{t-1} d_i c_i) delta_t V``, where a segment's sum stops
+    before the first step that is not trained (the step after it bootstraps from its own value), and the
+    policy-gradient advantage ``r_s + d_s v_{s+1} - V(x_s)``."""
+    log_rho, reward, discount, values = (np.asarray(x, np.float64) for x in (log_rho, reward, discount, values))
+    n, length = reward.shape
+    vs = np.zeros((n, length))
+    adv = np.zeros((n, length))
+    rho = np.exp(log_rho)
+    def v_target(b: int, s: int) -> float:
+        if s == length or not trained[b, s]:
+            return float(values[b, s])
+        total, weight = float(values[b, s]), 1.0
+        for t in range(s, length):
+            if not trained[b, t]:
+                break
+            delta = min(rho_bar, rho[b, t]) * (reward[b, t] + discount[b, t] * values[b, t + 1] - values[b, t])
+            total += weight * delta
+            weight *= discount[b, t] * lam * min(c_bar, rho[b, t])
+        return total
+
+    for b in range(n):
+        for s in range(length):
+            if trained[b, s]:
+                vs[b, s] = v_target(b, s)
+                adv[b, s] = reward[b, s] + discount[b, s] * v_target(b, s + 1) - values[b, s]
+            else:
+                vs[b, s] = values[b, s]
+    return vs, adv
+
+
+def random_segments(rng: np.random.Generator, n: int, length: int) -> dict[str, np.ndarray]:
+    """Segments of ``length`` steps and a bootstrap step with random ends: running on, terminated, truncated."""
+    mask = np.ones((n, length + 1), np.float32)
+    discount = np.full((n, length + 1), 0.97, np.float32)
+    for b in range(n):
+        kind = b % 3
+        end = int(rng.integers(1, length + 1))
+        if kind == 1:  # terminated with step end - 1
+            mask[b, end:] = 0
+            discount[b, end - 1:] = 0
+        elif kind == 2 and end < length:  # truncated: step end - 1 is the last real step
+            mask[b, end:] = 0
+            discount[b, end:] = 0
+    return {"mask": mask, "discount": discount,
+            "reward": rng.normal(size=(n, length + 1)).astype(np.float32) * mask,
+            "values": rng.normal(size=(n, length + 1)), "log_rho": rng.normal(scale=0.7, size=(n, length))}
+
+
+@pytest.mark.parametrize("rho_bar,c_bar,lam", [(1.0, 1.0, 1.0), (1.5, 0.8, 0.9), (0.5, 2.0, 0.6)])
+def test_vtrace_equals_a_direct_transcription_of_the_paper_on_random_data(rho_bar: float, c_bar: float,
+                                                                            lam: float) -> None:
+    rng = np.random.default_rng(3)
+    length = 7
+    seg = random_segments(rng, 30, length)
+    trained = trained_steps(seg["mask"], seg["discount"])
+    discount, reward = seg["discount"][:, :length], seg["reward"][:, :length]
+    want_vs, want_adv = vtrace_reference(seg["log_rho"], reward, discount, seg["values"], trained, rho_bar, c_bar, lam)
+    t = {k: torch.as_tensor(np.asarray(v, np.float64)) for k, v in
+         {"log_rho": seg["log_rho"], "reward": reward, "discount": discount, "values": seg["values"],
+          "trained": trained}.items()}
+    got = vtrace(t["log_rho"], t["reward"], t["discount"], t["values"], t["trained"], rho_bar, c_bar, lam)
+    np.testing.assert_allclose(got.vs.numpy(), want_vs, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got.advantages.numpy(), want_adv * trained, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got.clipped_rho.numpy(), np.minimum(rho_bar, np.exp(seg["log_rho"])))
+
+
+def test_vtrace_on_policy_is_the_n_step_return_to_the_segments_end() -> None:
+    """With pi = mu (rho = 1) and lambda = 1, v_s is the discounted rewards to the segment's end (or its
+    episode's) plus the discounted bootstrap value there: the n-step return, n shrinking along the segment."""
+    rng = np.random.default_rng(7)
+    length = 9
+    seg = random_segments(rng, 24, length)
+    trained = trained_steps(seg["mask"], seg["discount"])
+    reward, discount, values = (np.asarray(x, np.float64) for x in
+                                (seg["reward"][:, :length], seg["discount"][:, :length], seg["values"]))
+    got = vtrace(*(torch.as_tensor(np.asarray(x, np.float64)) for x in
+                   (np.zeros((24, length)), reward, discount, values, trained)))
+    for b in range(24):
+        steps = np.flatnonzero(trained[b])
+        if not steps.size:
+            continue  # (a truncated episode's last step alone: nothing trained)
+        boot = steps.max() + 1  # the step whose value bootstraps the last trained one
+        for s in steps:
+            ret, scale = 0.0, 1.0
+            for t in range(s, boot):
+                ret += scale * reward[b, t]
+                scale *= discount[b, t]
+            np.testing.assert_allclose(got.vs[b, s].item(), ret + scale * values[b, boot], rtol=1e-10)
+
+
+# --------------------------------------------------------------------------------------------- segments
+
+def test_the_acting_loop_makes_segments_with_behaviour_log_probs_of_the_policy() -> None:
+    cfg = appo("env.num_envs=2", "agent.unroll_length=5")
+    items = acted_items(cfg, 40, seed=1)
+    assert items["obs"].shape == (40, 6, 4) and items["logp"].shape == (40, 6)
+    assert segment_problem(items) is None
+    real = items["mask"] == 1
+    assert real[:, 0].all() and (items["logp"][real] <= 0).all() and (items["logp"][real] > np.log(0.2)).all()
+    assert (items["logp"][~real] == 0).all()
+    # the log-probability each step carries is the acting policy's for the action it took (version-0 params)
+    policy = make_task(cfg).policy(1, backend="numpy")  # (acted_items' policy: version 0 drawn with its seed)
+    logits = policy._head(items["obs"][:, :5].reshape(-1, 4))
+    logp_all = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    want = np.take_along_axis(logp_all, items["action"][:, :5].reshape(-1, 1), axis=1).reshape(40, 5)
+    np.testing.assert_allclose(items["logp"][:, :5][real[:, :5]], want[real[:, :5]], atol=1e-5)
+
+
+def test_segment_problems_name_the_bad_segment() -> None:
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], np.float32)
+    discount = np.array([[0.9, 0.9, 0, 0], [0.9, 0.9, 0.9, 0.9]], np.float32)
+    good = {"mask": mask, "discount": discount}
+    assert segment_problem(good) is None
+    assert trained_steps(mask, discount).tolist() == [[1, 1, 1], [1, 1, 1]]
+    for key, change, words in (("mask", lambda m: m.__setitem__((1, 1), 0.5), "other than 0 and 1"),
+                               ("mask", lambda m: m.__setitem__((1, 1), 0), "one run"),
+                               ("mask", lambda m: m.__setitem__((0, 0), 0), "one run"),
+                               ("discount", lambda d: d.__setitem__((1, 0), 0), "termination")):
+        bad = {k: v.copy() for k, v in good.items()}
+        change(bad[key])
+        problem = segment_problem(bad)
+        assert problem is not None and words in problem and problem.startswith("segment "), problem
+    truncated_alone = {"mask": np.array([[1, 0, 0, 0]], np.float32), "discount": np.array([[0.9, 0, 0, 0]],
+                                                                                          np.float32)}
+    assert "no step is trained" in str(segment_problem(truncated_alone))
+
+
+def test_behaviour_log_probs_are_bounded_by_what_the_policy_can_give() -> None:
+    task = make_task(appo())
+    assert task.value_limits()["logp"] == (LOGP_MIN, 0.0)
+    pend = config.load(CARTPOLE_APPO, ["env.id=Pendulum-v1", "agent.log_std_min=-2"])
+    bound = logp_bound(pend.agent, gym.spaces.Box(-2, 2, (1,)))  # type: ignore[arg-type]
+    assert bound == pytest.approx(-0.5 * np.log(2 * np.pi) + 2.0)
+
+
+# --------------------------------------------------------------------------------------------- policies, update
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_numpy_and_torch_policies_agree_and_the_agent_starts_from_version_0(env_id: str) -> None:
+    cfg = appo(f"env.id={env_id}")
+    task = make_task(cfg)
+    initial = task.initial_params()
+    assert initial is not None
+    agent = task.agent(seed=0)
+    agent.adopt_initial(initial)
+    for name, value in agent.params().items():
+        np.testing.assert_array_equal(value, initial[name], err_msg=name)
+    numpy_policy = task.policy(0, backend="numpy")
+    assert isinstance(numpy_policy, NumpyActorCriticPolicy)
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(64, *task.obs_space.shape)).astype(np.float32)
+    params = {k: v + rng.normal(scale=0.3, size=v.shape).astype(np.float32) for k, v in initial.items()}
+    numpy_policy.load_params(params)
+    agent.load_params(params)
+    np.testing.assert_allclose(numpy_policy.greedy(obs), agent.greedy(obs), atol=1e-5)
+    action = numpy_policy.act(obs, 1.0)
+    logp = numpy_policy.acted_log_probs()
+    head = agent.policy(torch.as_tensor(obs))
+    torch_logp, _ = agent.log_probs(head, torch.as_tensor(action if action.ndim == 1 else action.astype(np.float32)))
+    np.testing.assert_allclose(logp, torch_logp.detach().numpy(), atol=1e-4)
+    assert (logp <= task.value_limits()["logp"][1]).all()
+
+
+@pytest.mark.parametrize("algo,clip", [("appo", 0.2), ("impala", 0.0)])
+def test_an_update_trains_policy_and_value_on_segments(algo: str, clip: float) -> None:
+    cfg = appo(f"agent.algo={algo}", f"agent.clip_ratio={clip}", "agent.unroll_length=8", "agent.optimizer=adam",
+               "agent.lr=0.003", "agent.max_grad_norm=10", "agent.trace_lambda=1.0", "agent.ent_coef=0.01",
+               "agent.ent_coef_end=0.0", "agent.lr_schedule=linear", "trainer.max_opts=100")
+    task = make_task(cfg)
+    items = acted_items(cfg, 32, seed=3)
+    agent = task.agent(seed=0)
+    before = {k: v.copy() for k, v in agent.params().items()}
+    first, _ = agent.update(items)
+    for _ in range(40):
+        metrics, priorities = agent.update(items)
+    assert priorities is None and metrics["skipped"] == 0.0
+    assert all(np.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["value_loss"] < 0.9 * first["value_loss"]  # the value net fits the V-trace targets
+    assert metrics["lr"] < first["lr"] and metrics["ent_coef"] < first["ent_coef"]  # the schedules move
+    assert metrics["rho_mean"] != 1.0  # the policy moved away from the one that acted
+    assert any(not np.array_equal(before[k], v) for k, v in agent.params().items())
+
+
+def test_an_update_whose_loss_is_not_finite_is_not_applied() -> None:
+    cfg = appo("agent.unroll_length=8")
+    task = make_task(cfg)
+    items = acted_items(cfg, 8, seed=2)
+    agent = task.agent(seed=0)
+    before = {k: v.copy() for k, v in agent.params().items()}
+    items["reward"] = items["reward"].copy()
+    items["reward"][0, 0] = np.inf  # (the intake refuses this; the agent does not trust that alone)
+    metrics, _ = agent.update(items)
+    assert metrics["skipped"] == 1.0
+    for k, v in agent.params().items():
+        np.testing.assert_array_equal(v, before[k])
+
+
+def test_the_agents_state_round_trips() -> None:
+    cfg = appo("agent.unroll_length=8")
+    task = make_task(cfg)
+    items = acted_items(cfg, 8, seed=2)
+    agent = task.agent(seed=0)
+    agent.update(items)
+    state = agent.state_dict()
+    other = task.agent(seed=5)
+    other.load_state_dict(state)
+    a, b = agent.update(items)[0], other.update(items)[0]
+    assert a["loss"] == pytest.approx(b["loss"])
+    for k, v in agent.params().items():
+        np.testing.assert_array_equal(v, other.params()[k])
+
+
+# --------------------------------------------------------------------------------------------- the seam
+
+def test_the_algorithm_chooses_the_store_and_replay_algorithms_keep_theirs() -> None:
+    cfg = appo()
+    store = make_replay_from(cfg, make_task(cfg).batch_spec())
+    assert isinstance(store, SegmentQueue) and store.epochs == 20 and store.capacity == 64 and store.max_lag == 20
+    dqn = config.load(REPO / "configs" / "cartpole_dqn.yaml", ["replay.prioritized=false"])
+    assert isinstance(make_replay_from(dqn, make_task(dqn).batch_spec()), UniformReplay)
+    assert make_task(cfg).replay_item == "segment"
+
+
+def test_configs_the_store_cannot_serve_are_refused_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match="trainer.warmup"):
+        make_task(appo("trainer.warmup=100"))
+    with pytest.raises(ConfigError, match="env.id"):
+        make_task(appo("env.id=CarRacing-v3"))
+
+
+@pytest.mark.slow
+def test_the_algorithm_entry_and_numpy_policy_do_not_import_torch() -> None:
+    code = ("import sys, numpy as np\n"
+            "from zmqrl import config\n"
+            "from zmqrl.run.acting import make_task\n"
+            f"cfg = config.load({str(CARTPOLE_APPO)!r}, [])\n"
+            "task = make_task(cfg)\n"
+            "p = task.policy(0)\n"
+            "p.act(np.zeros((2, 4), np.float32), 1.0)\n"
+            "assert task.initial_params() is not None\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
