@@ -89,9 +89,11 @@ def save(cfg: Config, run_dir: str | Path, objects: Mapping[str, Any]) -> dict[s
             raise ValueError(f"unknown kind of callable {kind!r}; known: {', '.join(KEYS)}")
         file = run.callable_file(kind)
         try:
-            digests[kind] = callables.write(file, obj, kind)
+            callables.check_object(obj, kind)
         except TypeError as exc:
             raise ConfigError(f"{kind}=: {exc}") from None
+        try:
+            digests[kind] = callables.write(file, obj, kind)
         except Exception as exc:  # what cloudpickle cannot pickle (a lock, an open file) says what it is
             raise ConfigError(f"{kind}=: cannot be pickled with cloudpickle: {type(exc).__name__}: {exc}") from None
         set_value(cfg, kind, str(file.absolute()))
