@@ -278,3 +278,14 @@ def test_the_algorithm_entry_and_numpy_policy_do_not_import_torch() -> None:
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
+
+
+def test_minibatches_make_a_pass_of_several_gradient_steps_over_shuffled_segments() -> None:
+    cfg = appo("agent.unroll_length=8", "agent.minibatches=4")
+    task = make_task(cfg)
+    items = acted_items(cfg, 16, seed=2)
+    agent = task.agent(seed=0)
+    metrics, _ = agent.update(items)
+    adam = agent.optimizer.state[next(iter(agent.policy.parameters()))]
+    assert int(adam["step"]) == 4 and agent.opt_steps == 1 and metrics["skipped"] == 0.0
+    assert all(np.isfinite(v) for v in metrics.values())

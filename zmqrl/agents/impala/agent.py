@@ -34,6 +34,8 @@ from zmqrl.agents.impala.segments import trained_steps
 from zmqrl.agents.impala.vtrace import vtrace
 from zmqrl.agents.torch_util import clip_gradients, load_module_params, module_params, nonfinite
 
+FIELDS = ("obs", "action", "reward", "discount", "mask", "logp")  # a segment's fields (the update reads these)
+
 
 def mlp(in_dim: int, hidden: list[int], activation: str) -> nn.Sequential:
     """Linear layers with ``activation`` after each (Linear at even indices, as the numpy policy reads them)."""
@@ -179,6 +181,7 @@ class ImpalaAgent(ActorCriticPolicy):
         else:
             self.optimizer = torch.optim.RMSprop(params, lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.rmsprop_eps)
         self.opt_steps = 0
+        self.rng = np.random.default_rng(seed)  # minibatches' shuffles
         self._both = _Both(self.policy, self.value)
 
     def _progress(self) -> float:
@@ -196,7 +199,23 @@ class ImpalaAgent(ActorCriticPolicy):
         return cfg.ent_coef + (cfg.ent_coef_end - cfg.ent_coef) * self._progress()
 
     def update(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], None]:
-        """One optimisation step on a batch of segments; returns its metrics (no priorities)."""
+        """One optimisation step on a batch of segments, a pass of ``agent.minibatches`` gradient steps over
+        it (its segments shuffled and split, as PPO's minibatches); returns the metrics (their means over the
+        gradient steps; no priorities). The schedules move once per optimisation step."""
+        parts = min(self.cfg.minibatches, len(batch["mask"]))
+        if parts <= 1:
+            metrics = self._step(batch)
+        else:
+            order = self.rng.permutation(len(batch["mask"]))
+            steps = [self._step({k: np.asarray(batch[k])[rows] for k in FIELDS})
+                     for rows in np.array_split(order, parts)]
+            metrics = {key: float(np.mean([m[key] for m in steps])) for key in self.METRICS}
+            metrics["skipped"] = float(max(m["skipped"] for m in steps))
+        self.opt_steps += 1
+        return metrics, None
+
+    def _step(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """One gradient step on segments (module docstring)."""
         cfg, dev = self.cfg, self.device
         obs = torch.as_tensor(np.asarray(batch["obs"]), device=dev).float()
         n, steps = obs.shape[:2]
@@ -246,13 +265,12 @@ class ImpalaAgent(ActorCriticPolicy):
         skipped = nonfinite(loss, grad_norm)
         if not bool(skipped):
             self.optimizer.step()
-        self.opt_steps += 1
         stats = torch.stack([loss.detach(), pg_loss.detach(), value_loss.detach(), mean_entropy.detach(),
                              (values[:, :length].detach() * trained).sum() / count,
                              (vt.advantages * trained).sum() / count,
                              (log_rho.exp() * trained).sum() / count, clip_fraction, grad_norm.detach(),
                              torch.tensor(lr), torch.tensor(ent_coef), skipped]).float().cpu().tolist()
-        return dict(zip(self.METRICS, stats, strict=True)), None
+        return dict(zip(self.METRICS, stats, strict=True))
 
     def adopt_initial(self, params: Mapping[str, np.ndarray]) -> None:
         """Start from version-0 policy parameters (the value network has no published counterpart)."""
@@ -261,7 +279,7 @@ class ImpalaAgent(ActorCriticPolicy):
     def state_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.state_dict(), "value": self.value.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
-                "generator": self.generator.get_state()}
+                "generator": self.generator.get_state(), "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
@@ -269,6 +287,8 @@ class ImpalaAgent(ActorCriticPolicy):
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.opt_steps = int(state["opt_steps"])
         self.generator.set_state(state["generator"].cpu())
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
 
 
 class _Both(nn.Module):

@@ -26,7 +26,8 @@ class ImpalaConfig(AgentConfig):
     activation: str = "tanh"  # tanh or relu, between the MLP's layers
     unroll_length: int = 20  # env steps per segment an actor sends (IMPALA, Atari: 20)
     batch_size: int = 32  # segments per optimisation step (IMPALA: 32)
-    epochs: int = 1  # optimisation steps on each batch of segments (PPO's passes over a rollout)
+    epochs: int = 1  # optimisation steps (passes) on each batch of segments (PPO's epochs over a rollout)
+    minibatches: int = 1  # gradient steps per pass: the batch's segments shuffled and split into this many (PPO's)
     gamma: float = 0.99  # discount factor
     trace_lambda: float = 1.0  # V-trace's lambda: c_s = lambda * min(c_bar, rho_s) (IMPALA remark 2); 1 = none
     rho_bar: float = 1.0  # truncation of the importance weights in the V-trace targets and the policy gradient
@@ -49,8 +50,8 @@ class ImpalaConfig(AgentConfig):
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"network": ("mlp",), "activation": ("tanh", "relu"),
                                                      "lr_schedule": ("constant", "linear"),
                                                      "optimizer": ("rmsprop", "adam")}
-    POSITIVE: ClassVar[tuple[str, ...]] = ("unroll_length", "epochs", "rho_bar", "c_bar", "lr", "adam_eps",
-                                           "rmsprop_eps")
+    POSITIVE: ClassVar[tuple[str, ...]] = ("unroll_length", "epochs", "minibatches", "rho_bar", "c_bar", "lr",
+                                           "adam_eps", "rmsprop_eps")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("trace_lambda", "rmsprop_alpha")
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("clip_ratio", "vf_coef", "ent_coef", "max_grad_norm")
 
