@@ -289,3 +289,21 @@ def test_minibatches_make_a_pass_of_several_gradient_steps_over_shuffled_segment
     adam = agent.optimizer.state[next(iter(agent.policy.parameters()))]
     assert int(adam["step"]) == 4 and agent.opt_steps == 1 and metrics["skipped"] == 0.0
     assert all(np.isfinite(v) for v in metrics.values())
+
+
+def test_the_nature_cnn_acts_in_torch_and_trains_on_frames_with_a_shared_torso() -> None:
+    cfg = appo("env.id=zmqrl/Catch-v0", "agent.network=nature_cnn", "agent.hidden=[32]", "env.num_envs=2",
+               "agent.unroll_length=6", "actor.backend=auto")
+    task = make_task(cfg)
+    assert task.initial_params() is None  # (the learner builds the CNN before its first model)
+    assert task.batch_spec()["obs"] == (np.dtype(np.uint8), (7, 1, 84, 84))
+    items = acted_items(cfg, 8, seed=1)
+    assert segment_problem(items) is None and (items["logp"] <= 0).all()
+    agent = task.agent(seed=0)
+    policy_params = {id(p) for p in agent.policy.parameters()}
+    assert {id(p) for p in agent.value.torso.parameters()} <= policy_params  # one torso for both
+    metrics, _ = agent.update(items)
+    assert metrics["skipped"] == 0.0 and all(np.isfinite(v) for v in metrics.values())
+    assert agent.greedy(items["obs"][:, 0]).shape == (8,)
+    with pytest.raises(ConfigError, match="nature_cnn"):
+        make_task(appo("agent.network=nature_cnn"))

@@ -855,3 +855,46 @@ def test_segments_too_old_for_the_learner_are_dropped_and_counted_and_a_full_sto
     finally:
         push.close(linger=0)
         learner.close()
+
+
+def test_image_segments_travel_with_each_frame_once_and_reach_the_store_whole(
+        tmp_path: Path, zctx: zmq.Context) -> None:
+    """Pong-shaped segments (T steps of 4-frame stacks) go on the wire as their distinct frames and indices
+    (about one new frame per step, not T x 4), the intake opens them and the store holds the segments sent."""
+    from zmqrl.wire.compact import FrameCompactor
+
+    length, stack = 8, 4
+    cfg = config.load(CARTPOLE_APPO, [
+        "run.log_level=warning", "env.id=ALE/Pong-v5", "env.wrappers=[atari]", "env.kwargs={frameskip: 1}",
+        "env.frame_stack=4", "agent.network=nature_cnn", "agent.hidden=[32]", f"agent.unroll_length={length}",
+        "agent.batch_size=4", "trainer.warmup=4", "replay.capacity=1000"])
+    learner = in_process_learner(cfg, tmp_path / "run")
+    push = push_to(zctx, learner.endpoints["data"])
+    rng = np.random.default_rng(0)
+    compactor = FrameCompactor(("obs",))
+    sent: list[dict[str, np.ndarray]] = []
+    try:
+        for e in range(3):  # an episode of 4 segments each, its frames a fresh random video
+            video = rng.integers(0, 2, (4 * length + stack + 1, 84, 84), dtype=np.uint8) * 255
+            t = np.arange(4)[:, None] * length + np.arange(length + 1)[None, :]  # (segments, T): episode steps
+            obs = np.stack([video[t + k] for k in range(stack)], axis=2)  # (segments, T, stack, 84, 84)
+            items = {"obs": obs, "action": np.zeros((4, length + 1), np.int64),
+                     "reward": np.zeros((4, length + 1), np.float32),
+                     "discount": np.full((4, length + 1), 0.99, np.float32),
+                     "mask": np.ones((4, length + 1), np.float32),
+                     "logp": np.full((4, length + 1), -1.79, np.float32)}
+            arrays, _ = compactor.compact(items)
+            assert len(arrays["frames"]) <= 4 * length + stack + 1  # each distinct frame once
+            meta = {"model_inc": learner.incarnation, "stats": {"env_steps": 4 * length * (e + 1)}}
+            push.send_multipart(batch_frames("actor-0", e, arrays, meta))
+            sent.append(items)
+        ingest_until(learner, lambda: learner.batches == 3)
+        assert learner.intake.receiver.compact_batches == 3 and len(learner.replay) == 12
+        assert learner.intake.receiver.frames <= 3 * (4 * length + stack + 1)
+        stored = learner.replay.sample(12)
+        np.testing.assert_array_equal(stored["obs"], np.concatenate([s["obs"] for s in sent]))
+        metrics, _ = learner.agent.update({k: v[:4] for k, v in stored.items()})
+        assert metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
+    finally:
+        push.close(linger=0)
+        learner.close()

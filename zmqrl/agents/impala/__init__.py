@@ -69,9 +69,14 @@ class Impala(Algorithm):
         elif not isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(f"{env} has action space {action_space}; agent.algo={algo} needs Discrete or 1-D Box "
                               "actions")
-        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape or ()) != 1:
+        shape = obs_space.shape or () if isinstance(obs_space, gym.spaces.Box) else None
+        if ac.network == "nature_cnn":
+            if shape is None or len(shape) != 3:
+                raise ConfigError(f"agent.network: nature_cnn needs (C, H, W) observations; {cfg.env.id!r} gives "
+                                  f"{obs_space}")
+        elif shape is None or len(shape) != 1:
             raise ConfigError(f"{env} has observation space {obs_space}; agent.algo={algo} with agent.network: mlp "
-                              "needs a 1-D Box (vector observations)")
+                              "needs a 1-D Box (vector observations; frames: agent.network: nature_cnn)")
 
     def make_policy(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                     seed: int = 0, backend: str = "auto", device: str = "cpu") -> Policy:
@@ -103,6 +108,8 @@ class Impala(Algorithm):
                        seed: int) -> Params | None:
         from zmqrl.agents.impala.numpy_policy import initial_policy_params
 
+        if self.agent_config(cfg).network != "mlp":
+            return None  # (the learner builds the CNN first)
         return initial_policy_params(self.agent_config(cfg), int(np.prod(obs_space.shape or ())), action_space, seed)
 
     def batch_spec(self, cfg: Config, obs_space: gym.spaces.Space,

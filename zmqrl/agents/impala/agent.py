@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from zmqrl.agents.dqn.networks import NATURE_CNN_FEATURES, nature_cnn_torso
 from zmqrl.agents.impala.config import ImpalaConfig
 from zmqrl.agents.impala.numpy_policy import HALF_LOG_2PI, policy_param_shapes
 from zmqrl.agents.impala.segments import trained_steps
@@ -47,41 +48,73 @@ def mlp(in_dim: int, hidden: list[int], activation: str) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class PolicyNet(nn.Module):
-    """The policy: an MLP torso and a categorical (``logits``) or Gaussian (``mean``, ``log_std``) head."""
+def make_torso(cfg: ImpalaConfig, obs_shape: tuple[int, ...]) -> tuple[nn.Sequential, int]:
+    """The torso ``agent.network`` names and its number of features: an MLP over flattened observations, or
+    the Nature CNN over (C, 84, 84) frames then ``agent.hidden`` (ReLU)."""
+    if cfg.network == "nature_cnn":
+        layers = [*nature_cnn_torso(obs_shape[0]), *mlp(NATURE_CNN_FEATURES, cfg.hidden, "relu")]
+        return nn.Sequential(*layers), cfg.hidden[-1] if cfg.hidden else NATURE_CNN_FEATURES
+    obs_dim = int(np.prod(obs_shape))
+    return mlp(obs_dim, cfg.hidden, cfg.activation), cfg.hidden[-1] if cfg.hidden else obs_dim
 
-    def __init__(self, cfg: ImpalaConfig, obs_dim: int, action_space: gym.spaces.Space) -> None:
+
+def orthogonal_init(module: nn.Module, gain: float) -> None:
+    """Orthogonal weights times ``gain`` and zero biases in every Linear and Conv2d layer of ``module``."""
+    for layer in module.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv2d)):
+            nn.init.orthogonal_(layer.weight, gain=gain)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+
+class PolicyNet(nn.Module):
+    """The policy: a torso and a categorical (``logits``) or Gaussian (``mean``, ``log_std``) head."""
+
+    def __init__(self, cfg: ImpalaConfig, obs_shape: tuple[int, ...], action_space: gym.spaces.Space) -> None:
         super().__init__()
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.torso = mlp(obs_dim, cfg.hidden, cfg.activation)
-        last = cfg.hidden[-1] if cfg.hidden else obs_dim
+        self.torso, last = make_torso(cfg, obs_shape)
+        if cfg.network == "nature_cnn":  # the initialisation of Baselines' and SB3's CNN policies
+            orthogonal_init(self.torso, float(np.sqrt(2.0)))
         if isinstance(action_space, gym.spaces.Discrete):
             self.logits = nn.Linear(last, int(action_space.n))
         else:
             act_dim = int(np.prod(action_space.shape or ()))
             self.mean = nn.Linear(last, act_dim)
             self.log_std = nn.Parameter(torch.full((act_dim,), float(cfg.log_std_init)))
+        if cfg.network == "nature_cnn":
+            head = self.logits if self.discrete else self.mean
+            nn.init.orthogonal_(head.weight, gain=0.01)
+            nn.init.zeros_(head.bias)
         self.log_std_min = cfg.log_std_min
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self.torso(obs)
-        return self.logits(x) if self.discrete else self.mean(x)  # type: ignore[no-any-return]
+        return self.head_of(self.torso(obs))
+
+    def head_of(self, features: torch.Tensor) -> torch.Tensor:
+        """The head's output (logits, or the Gaussian's mean) from the torso's features."""
+        return self.logits(features) if self.discrete else self.mean(features)  # type: ignore[no-any-return]
 
     def clamped_log_std(self) -> torch.Tensor:
         return self.log_std.clamp(min=self.log_std_min)
 
 
 class ValueNet(nn.Module):
-    """The learner's state-value estimate: an MLP and one output, orthogonally initialised (gain 1 at the output)."""
+    """The learner's state-value estimate: a torso and one output, orthogonally initialised (gain 1 at the
+    output). With ``shared`` (the Nature CNN's: IMPALA's and PPO's Atari networks share it) it reads the
+    policy's torso; an MLP has its own (SB3's MlpPolicy for PPO)."""
 
-    def __init__(self, cfg: ImpalaConfig, obs_dim: int) -> None:
+    def __init__(self, cfg: ImpalaConfig, obs_shape: tuple[int, ...], shared: nn.Module | None = None) -> None:
         super().__init__()
-        self.torso = mlp(obs_dim, cfg.hidden, cfg.activation)
-        self.out = nn.Linear(cfg.hidden[-1] if cfg.hidden else obs_dim, 1)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.orthogonal_(module.weight, gain=1.0 if module is self.out else float(np.sqrt(2.0)))
-                nn.init.zeros_(module.bias)
+        if shared is None:
+            self.torso, last = make_torso(cfg, obs_shape)
+            orthogonal_init(self.torso, float(np.sqrt(2.0)))
+        else:
+            self.torso = shared  # type: ignore[assignment]
+            last = cfg.hidden[-1] if cfg.hidden else NATURE_CNN_FEATURES
+        self.out = nn.Linear(last, 1)
+        nn.init.orthogonal_(self.out.weight, gain=1.0)
+        nn.init.zeros_(self.out.bias)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.out(self.torso(obs)).squeeze(-1)  # type: ignore[no-any-return]
@@ -94,7 +127,9 @@ class ActorCriticPolicy:
                  device: torch.device | str = "cpu", seed: int = 0) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
-        self.obs_dim = int(np.prod(obs_space.shape or ()))
+        self.obs_shape = tuple(int(d) for d in (obs_space.shape or ()))
+        self.obs_dim = int(np.prod(self.obs_shape))
+        self.pixels = cfg.network == "nature_cnn"
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         if not self.discrete:
             assert isinstance(action_space, gym.spaces.Box)
@@ -103,14 +138,15 @@ class ActorCriticPolicy:
             self.action_dtype = np.dtype(action_space.dtype or np.float32)
         self.shapes = policy_param_shapes(cfg, self.obs_dim, action_space)
         torch.manual_seed(seed)
-        self.policy = PolicyNet(cfg, self.obs_dim, action_space).to(self.device)
+        self.policy = PolicyNet(cfg, self.obs_shape, action_space).to(self.device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self._logp = np.zeros(0, dtype=np.float32)
 
     def _rows(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Observations as the torso takes them: float rows for the MLP, (N, C, H, W) frames scaled to [0, 1]."""
         x = torch.as_tensor(np.asarray(obs) if not isinstance(obs, torch.Tensor) else obs, device=self.device)
-        return x.reshape(len(x), -1).float()
+        return x.float() / 255.0 if self.pixels else x.reshape(len(x), -1).float()
 
     def log_probs(self, head: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log pi(action) and the entropy, per row, from the policy head's output."""
@@ -172,9 +208,9 @@ class ImpalaAgent(ActorCriticPolicy):
     def __init__(self, cfg: ImpalaConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                  device: torch.device | str = "cpu", seed: int = 0, max_opts: int = 0) -> None:
         super().__init__(cfg, obs_space, action_space, device, seed)
-        self.value = ValueNet(cfg, self.obs_dim).to(self.device)
+        self.value = ValueNet(cfg, self.obs_shape, self.policy.torso if self.pixels else None).to(self.device)
         self.max_opts = max_opts
-        params = [*self.policy.parameters(), *self.value.parameters()]
+        params = list({id(p): p for p in [*self.policy.parameters(), *self.value.parameters()]}.values())
         self.optimizer: torch.optim.Optimizer
         if cfg.optimizer == "adam":
             self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.adam_eps)
@@ -217,7 +253,7 @@ class ImpalaAgent(ActorCriticPolicy):
     def _step(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
         """One gradient step on segments (module docstring)."""
         cfg, dev = self.cfg, self.device
-        obs = torch.as_tensor(np.asarray(batch["obs"]), device=dev).float()
+        obs = torch.as_tensor(np.asarray(batch["obs"]), device=dev)
         n, steps = obs.shape[:2]
         length = steps - 1
         action = torch.as_tensor(np.asarray(batch["action"])[:, :length], device=dev)
@@ -227,9 +263,14 @@ class ImpalaAgent(ActorCriticPolicy):
         trained = torch.as_tensor(trained_steps(batch["mask"], batch["discount"]), device=dev)
         count = trained.sum().clamp(min=1.0)
 
-        flat = obs.reshape(n * steps, -1)
-        values = self.value(flat).view(n, steps)
-        head = self.policy(obs[:, :length].reshape(n * length, -1))
+        flat = self._rows(obs.reshape(n * steps, *obs.shape[2:]))
+        if self.pixels:  # one pass of the shared torso for the values and the policy
+            features = self.policy.torso(flat)
+            values = self.value.out(features).view(n, steps)
+            head = self.policy.head_of(features.view(n, steps, -1)[:, :length].reshape(n * length, -1))
+        else:
+            values = self.value(flat).view(n, steps)
+            head = self.policy(flat.view(n, steps, -1)[:, :length].reshape(n * length, -1))
         if self.discrete:
             head_action = action.reshape(n * length)
         else:

@@ -21,8 +21,8 @@ class ImpalaConfig(AgentConfig):
     """IMPALA (Espeholt et al. 2018): an actor-critic trained on actors' segments with V-trace."""
 
     algo: str = "impala"  # the algorithm: a name from `zmqrl config` (zmqrl.config.algorithms.ALGORITHMS)
-    network: str = "mlp"  # mlp (vector observations)
-    hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP layer sizes of the policy and of the value net
+    network: str = "mlp"  # mlp (vector observations: separate policy and value nets) or nature_cnn (frames: shared)
+    hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP layer sizes (nature_cnn: after the convs)
     activation: str = "tanh"  # tanh or relu, between the MLP's layers
     unroll_length: int = 20  # env steps per segment an actor sends (IMPALA, Atari: 20)
     batch_size: int = 32  # segments per optimisation step (IMPALA: 32)
@@ -47,7 +47,7 @@ class ImpalaConfig(AgentConfig):
     log_std_init: float = 0.0  # Box actions: the Gaussian's state-independent log-std at the start
     log_std_min: float = -5.0  # Box actions: lower clamp of the log-std (bounds a log-density from above)
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"network": ("mlp",), "activation": ("tanh", "relu"),
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"network": ("mlp", "nature_cnn"), "activation": ("tanh", "relu"),
                                                      "lr_schedule": ("constant", "linear"),
                                                      "optimizer": ("rmsprop", "adam")}
     POSITIVE: ClassVar[tuple[str, ...]] = ("unroll_length", "epochs", "minibatches", "rho_bar", "c_bar", "lr",
