@@ -15,7 +15,8 @@ A file is a small header, then the pickle::
 so that one written by another Python (major.minor: what its bytecode depends on) or another
 cloudpickle version is refused with both versions named, before a byte of the pickle is read. The
 sha256 of the whole file is what the run's task signature carries: a role whose file differs from the
-learner's is refused with both hashes. Standard library only (cloudpickle is imported to write or load).
+learner's is refused with both hashes. Standard library and the config's schema only (cloudpickle is imported
+to write or load).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from zmqrl.config.schema import ConfigError
 
 MAGIC = b"zmqrl-callable 1\n"
 MAX_HEADER = 4096  # bytes of the JSON header line, at most
@@ -45,7 +48,7 @@ def cloudpickle_version() -> str:
     return str(cloudpickle.__version__)
 
 
-class CallableFileError(ValueError):
+class CallableFileError(ConfigError):
     """A callables file that cannot be used here; the message names the file (and the config key)."""
 
 
