@@ -264,6 +264,18 @@ def test_the_heads_sit_on_the_users_torso_and_actors_act_with_torch(tmp_path: Pa
         assert {"torsos.0.module.0.weight", "torsos.1.module.0.weight"} <= set(critics)
 
 
+@pytest.mark.parametrize("name", ["cartpole_iqn.yaml", "cartpole_pomdp_r2d2.yaml"])
+def test_iqn_and_r2d2_put_their_heads_on_the_users_torso(tmp_path: Path, name: str) -> None:
+    torso = write(tmp_path, torso_factory(8), "network")
+    cfg = zmqrl.load_config(REPO / "configs" / name, [f"agent.network_fn={torso}"])
+    task = make_task(cfg)
+    params = task.agent().params()
+    assert params["torso.module.0.weight"].shape == (8, int(np.prod(task.obs_space.shape)))
+    policy = task.policy(seed=1)
+    policy.load_params(params)
+    assert type(policy).__module__.endswith(".agent")  # the torch policy
+
+
 def test_a_torso_that_does_not_fit_or_a_numpy_backend_or_an_algorithm_without_torsos_is_refused(
         tmp_path: Path) -> None:
     def run_cfg(torso: Any, *more: str) -> config.Config:
