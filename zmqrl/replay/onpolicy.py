@@ -235,26 +235,27 @@ class SegmentQueue:
             setattr(self, key, int(state.get(key, getattr(self, key))))
 
     def save(self, path: str, stamp: Mapping[str, Any] | None = None) -> None:
-        """The queued segments (a batch still in training goes first, with its passes left) and the counters."""
+        """The queued segments with their versions, the batch in training with its passes left, and the counters:
+        :meth:`load` goes on exactly where this left off."""
         chunks = list(self._chunks)
-        if self._batch is not None and self._uses_left > 0:
-            current = {k: v for k, v in self._batch.items() if k not in ("indices", "weights")}
-            chunks.insert(0, (current, np.full(len(self._batch["weights"]), self.version, dtype=np.int64)))
         arrays: dict[str, np.ndarray] = {}
         if chunks:
             for key in chunks[0][0]:
                 arrays[f"field/{key}"] = np.concatenate([c[0][key] for c in chunks])
             arrays["versions"] = np.concatenate([c[1] for c in chunks])
+        if self._batch is not None and self._uses_left > 0:
+            arrays.update({f"batch/{key}": value for key, value in self._batch.items()})
         meta = {"state": self.state_dict(), "stamp": dict(stamp or {}), "uses_left": self._uses_left}
         with open(path, "wb") as f:
             arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
             np.savez(f, **arrays)  # type: ignore[arg-type]
 
     def load(self, path: str) -> dict[str, Any]:
-        """Inverse of :meth:`save`; returns its stamp. The batch that was in training is queued again."""
+        """Inverse of :meth:`save`; returns its stamp."""
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(bytes(data["meta"]).decode())
             fields = {name.split("/", 1)[1]: data[name] for name in data.files if name.startswith("field/")}
+            batch = {name.split("/", 1)[1]: data[name] for name in data.files if name.startswith("batch/")}
             versions = data["versions"] if "versions" in data.files else np.zeros(0, dtype=np.int64)
         self._chunks.clear()
         self._queued, self._batch, self._uses_left = 0, None, 0
@@ -262,4 +263,7 @@ class SegmentQueue:
         if len(versions):
             self._chunks.append((fields, versions.astype(np.int64)))
             self._queued = len(versions)
+        if batch:
+            self._batch, self._uses_left = batch, int(meta["uses_left"])
+        self._was_full = self.full
         return dict(meta.get("stamp", {}))

@@ -318,13 +318,14 @@ class ImpalaAgent(ActorCriticPolicy):
         self.load_params(params)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy.state_dict(), "value": self.value.state_dict(),
+        # (not "policy": every checkpoint keeps the published parameters under that key, checkpoint.POLICY_KEY)
+        return {"policy_net": self.policy.state_dict(), "value_net": self.value.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
                 "generator": self.generator.get_state(), "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.value.load_state_dict(state["value"])
+        self.policy.load_state_dict(state["policy_net"])
+        self.value.load_state_dict(state["value_net"])
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.opt_steps = int(state["opt_steps"])
         self.generator.set_state(state["generator"].cpu())
