@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,42 @@ def test_a_host_whose_env_file_differs_from_the_heads_exits_2_naming_both_hashes
     assert head.returncode == 0 and good.wait(timeout=60) == 0, procs.describe()
     summary = read_json(run_dir / "summary.json") or {}
     assert summary["opt_steps"] == 300 and list(summary["actors"]) == ["actor-0"], summary
+
+
+def test_a_class_defined_in_a_scripts_main_loads_in_another_process(tmp_path: Path) -> None:
+    script = tmp_path / "notebook.py"  # as a notebook's cells run: in __main__, importable nowhere else
+    script.write_text(textwrap.dedent("""
+        import sys
+
+        import gymnasium as gym
+        import numpy as np
+
+        import zmqrl
+
+        SIDE = 3.0
+
+        class Flip(gym.Env):
+            observation_space = gym.spaces.Box(-5.0, 5.0, (2,), np.float32)
+            action_space = gym.spaces.Discrete(2)
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                return np.full(2, SIDE, np.float32), {}
+
+            def step(self, action):
+                return np.full(2, -SIDE, np.float32), float(action), True, False, {}
+
+        print(zmqrl.save_callable(Flip, sys.argv[1]))
+    """))
+    file = tmp_path / "flip.pkl"
+    wrote = subprocess.run([sys.executable, str(script), str(file)], capture_output=True, text=True, timeout=120,
+                           env=role_env(), cwd=tmp_path)
+    assert wrote.returncode == 0, wrote.stderr
+    code = ("import sys; from zmqrl.config import EnvConfig; from zmqrl.envs.factory import make_env; "
+            "env = make_env(EnvConfig(fn=sys.argv[1])); obs, _ = env.reset(seed=0); "
+            "print(type(env.unwrapped).__name__, obs.tolist(), env.step(1)[1])")
+    loaded = subprocess.run([sys.executable, "-c", code, str(file)], capture_output=True, text=True, timeout=120,
+                            env=role_env(), cwd=REPO)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split("\n")[0] == "Flip [3.0, 3.0] 1.0", loaded.stdout
+    assert wrote.stdout.strip() == callables.sha256(file)
