@@ -825,9 +825,10 @@ def test_hostile_segments_are_refused_by_reason_and_store_nothing(tmp_path: Path
 
 def test_segments_too_old_for_the_learner_are_dropped_and_counted_and_a_full_store_pauses(
         tmp_path: Path, zctx: zmq.Context) -> None:
-    """A segment acted more than ``trainer.max_policy_lag`` versions ago, or by another learner's line, is not
-    trained on but counted in the summary; one inside the lag is taken; past ``replay.capacity`` the store
-    asks the learner to pause its actors (honest data already sent still goes in)."""
+    """A segment acted more than ``trainer.max_policy_lag`` versions ago, by another learner's line or by a version
+    this learner never published, is not trained on but counted in the summary; one inside the lag is taken;
+    past ``replay.capacity`` the store asks the learner to pause its actors (honest data already sent still
+    goes in)."""
     cfg = config.load(CARTPOLE_APPO, ["run.log_level=warning", "trainer.warmup=8", "replay.capacity=24",
                                       "trainer.max_policy_lag=5"])
     n = cfg.actor.n_buffer
@@ -845,10 +846,15 @@ def test_segments_too_old_for_the_learner_are_dropped_and_counted_and_a_full_sto
         ingest_until(learner, lambda: learner.batches == 4)
         store = learner.summary_extra()["store"]
         assert (store["dropped_lag"], store["dropped_other_line"], store["queued"]) == (n, n, 2 * n)
-        assert not learner.on_policy.full  # 16 of 24
-        push.send_multipart(encode(BATCH, sender="actor-0", incarnation="inc-1", seq=4, version=30,
-                                   arrays=batches[0], meta={"model_inc": learner.incarnation}))
+        future = encode(BATCH, sender="actor-0", incarnation="inc-1", seq=4, version=31, arrays=batches[0],
+                        meta={"model_inc": learner.incarnation})  # a version not published yet: claimed fresh
+        push.send_multipart(future)
         ingest_until(learner, lambda: learner.batches == 5)
+        assert learner.summary_extra()["store"]["dropped_other_line"] == 2 * n
+        assert not learner.on_policy.full  # 16 of 24
+        push.send_multipart(encode(BATCH, sender="actor-0", incarnation="inc-1", seq=5, version=30,
+                                   arrays=batches[0], meta={"model_inc": learner.incarnation}))
+        ingest_until(learner, lambda: learner.batches == 6)
         assert learner.on_policy.full and len(learner.replay) == 3 * n  # nothing refused
         assert learner.limiter.update_pause(learner.book.opt_steps, True, full=learner.on_policy.full)
         assert learner.limiter.paused

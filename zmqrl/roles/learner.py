@@ -259,8 +259,10 @@ class Learner(RoleProcess):
 
     def _version_of(self, msg: Message) -> int:
         """The model version that acted for a batch, for an on-policy store: its oldest, where this learner's
-        version line made it, else -1 (another learner's line: its versions mean nothing here)."""
-        return msg.version if msg.meta.get("model_inc") == self.incarnation and msg.version >= 0 else -1
+        version line made it, else -1 (another learner's line: its versions mean nothing here; or a version
+        this learner has not published, which no honest actor acted with)."""
+        mine = msg.meta.get("model_inc") == self.incarnation and 0 <= msg.version <= self.book.version
+        return msg.version if mine else -1
 
     # --- work in --------------------------------------------------------------------------------
     def _take_in(self, max_items: int | None = TAKE_PER_STEP) -> int:
