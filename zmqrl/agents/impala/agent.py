@@ -309,9 +309,10 @@ class ImpalaAgent(ActorCriticPolicy):
         stats = torch.stack([loss.detach(), pg_loss.detach(), value_loss.detach(), mean_entropy.detach(),
                              (values[:, :length].detach() * trained).sum() / count,
                              (vt.advantages * trained).sum() / count,
-                             (log_rho.exp() * trained).sum() / count, clip_fraction, grad_norm.detach(),
-                             torch.tensor(lr), torch.tensor(ent_coef), skipped]).float().cpu().tolist()
-        return dict(zip(self.METRICS, stats, strict=True))
+                             (log_rho.exp() * trained).sum() / count, clip_fraction, grad_norm.detach().to(dev),
+                             skipped.to(dev)]).float().cpu().tolist()
+        metrics = dict(zip(self.METRICS[:-3], stats[:-1], strict=True))
+        return {**metrics, "lr": lr, "ent_coef": ent_coef, "skipped": stats[-1]}
 
     def adopt_initial(self, params: Mapping[str, np.ndarray]) -> None:
         """Start from version-0 policy parameters (the value network has no published counterpart)."""
