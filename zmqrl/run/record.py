@@ -135,7 +135,7 @@ def run_table(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> 
     Rows every run has (stop reason, wall time, env/opt steps and rates, best and last
     evaluation, where the loop's time went, the run directory), then, where ``summary`` is a learner's,
     the distributed ones (items inserted: transitions or sequence items; replay samples, model version,
-    policy lag, batches) and a row per actor.
+    policy lag, batches) and a row per actor; an on-policy store's segments trained and dropped.
     """
     solved = summary.get("solved")
     rows = [("stop reason", summary.get("stop_reason") or "-"),
@@ -157,6 +157,14 @@ def run_table(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> 
                                    else "")),
                  ("batches", f"received {msgs.get('batches_received', 0)}, lost {msgs.get('batches_lost', 0)}, "
                              f"rejected {msgs.get('rejected_total', 0)}")]
+    store = summary.get("store")
+    if isinstance(store, dict):  # an on-policy store's accounting (zmqrl.core.OnPolicyStore)
+        share = 100 * store.get("dropped_lag_share", 0)
+        rows.append(("segments", f"trained {store.get('trained', 0)} x {store.get('epochs', 1)} passes, dropped "
+                                 f"{store.get('dropped_lag', 0)} for lag ({share:.1f}%), "
+                                 f"{store.get('dropped_other_line', 0)} of another line, "
+                                 f"{store.get('dropped_overflow', 0)} overflowing; full {store.get('full_pauses', 0)} "
+                                 "times"))
     if summary.get("compute_cost"):
         rows.append(("time spent", cost_text(summary["compute_cost"])))
     rows += [("best eval return", _eval_text(summary, summary.get("best_eval_return"))),
