@@ -1,7 +1,8 @@
 """Callables from Python in real runs: an env class made inside a test function solved through ``run_local``
 with two actors (every role loads it from the run directory), played again through ``zmqrl.load_policy`` and
 resumed from a moved run directory; a torso of the user's own trained through ``run_train``; a head and a
-host whose env files differ (the host exits 2 naming both hashes, before it acts)."""
+host whose env files differ (the host exits 2 naming both hashes, before it acts); a class from a script's
+``__main__`` built in another process."""
 
 from __future__ import annotations
 
