@@ -300,10 +300,58 @@ def test_the_nature_cnn_acts_in_torch_and_trains_on_frames_with_a_shared_torso()
     items = acted_items(cfg, 8, seed=1)
     assert segment_problem(items) is None and (items["logp"] <= 0).all()
     agent = task.agent(seed=0)
-    policy_params = {id(p) for p in agent.policy.parameters()}
-    assert {id(p) for p in agent.value.torso.parameters()} <= policy_params  # one torso for both
+    assert agent.value.torso is None  # one torso for both: the value head reads the policy's features
+    assert [name for name, _ in agent.value.named_parameters()] == ["out.weight", "out.bias"]
     metrics, _ = agent.update(items)
     assert metrics["skipped"] == 0.0 and all(np.isfinite(v) for v in metrics.values())
     assert agent.greedy(items["obs"][:, 0]).shape == (8,)
     with pytest.raises(ConfigError, match="nature_cnn"):
         make_task(appo("agent.network=nature_cnn"))
+
+
+def test_an_lstm_policy_acts_with_a_state_per_env_and_the_learner_unrolls_segments_from_their_states() -> None:
+    """The actor's log-probability of every real step is what the learner's policy gives it when it unrolls
+    the segment from its stored state with the same parameters: segments start where the actor's state was."""
+    cfg = config.load(REPO / "configs" / "cartpole_pomdp_appo.yaml",
+                      ["env.num_envs=3", "agent.unroll_length=6", "agent.lstm_size=8", "agent.hidden=[16]"])
+    task = make_task(cfg)
+    spec, limits = task.batch_spec(), task.value_limits()
+    assert spec["state_h"] == spec["state_c"] == (np.dtype(np.float32), (8,))
+    assert limits["state_h"] == (-1.0, 1.0)
+    policy = task.policy(1, backend="numpy")
+    with pytest.raises(TypeError, match="recurrent"):
+        policy.act(np.zeros((1, 2), np.float32), 1.0)
+    items = acted_items(cfg, 60, seed=1)  # (its policy: version 0 drawn with seed 1)
+    assert segment_problem(items) is None and not (items["state_h"] == 0).all()
+    agent = task.agent(seed=0)
+    initial = task.initial_params()
+    assert initial is not None
+    params = policy_params_of(task, 1)
+    assert set(params) == set(initial)
+    agent.adopt_initial(params)
+    with torch.no_grad():
+        out, _, _ = agent.policy.unroll(torch.as_tensor(items["obs"]), torch.as_tensor(items["state_h"]),
+                                        torch.as_tensor(items["state_c"]))
+        head = agent.policy.head_of(out[:, :6].reshape(-1, 8))
+        logp, _ = agent.log_probs(head, torch.as_tensor(items["action"][:, :6].reshape(-1)))
+    real = items["mask"][:, :6] == 1
+    np.testing.assert_allclose(logp.view(60, 6).numpy()[real], items["logp"][:, :6][real], atol=1e-5)
+    metrics, _ = agent.update(items)
+    assert metrics["skipped"] == 0.0 and metrics["rho_mean"] == pytest.approx(1.0, abs=1e-4)
+    torch_policy = task.policy(0, backend="torch")
+    torch_policy.load_params(agent.params())
+    policy.load_params(agent.params())
+    state = np.random.default_rng(2).uniform(-0.5, 0.5, (4, 2, 8)).astype(np.float32)
+    obs = np.random.default_rng(3).normal(size=(4, 2)).astype(np.float32)
+    a_np, s_np = policy.greedy_recurrent(obs, state)
+    a_t, s_t = torch_policy.greedy_recurrent(obs, state)
+    np.testing.assert_array_equal(a_np, a_t)
+    np.testing.assert_allclose(s_np, s_t, atol=1e-6)
+
+
+def policy_params_of(task: object, seed: int) -> dict[str, np.ndarray]:
+    """Version-0 parameters as a policy built with ``seed`` draws them."""
+    from zmqrl.agents.impala.numpy_policy import initial_policy_params
+
+    cfg = task.cfg  # type: ignore[attr-defined]
+    return initial_policy_params(cfg.agent, 2, task.action_space, seed)  # type: ignore[attr-defined]

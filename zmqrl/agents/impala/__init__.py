@@ -34,6 +34,7 @@ from zmqrl.agents.base import Algorithm, ArraySpec, Exploration, item_shape, res
 from zmqrl.agents.impala.config import APPOConfig, ImpalaConfig
 from zmqrl.agents.impala.numpy_policy import LOGP_MIN, logp_bound
 from zmqrl.agents.impala.segments import segment_problem
+from zmqrl.agents.r2d2.sequences import STATE_C_LIMIT
 from zmqrl.config import Config, ConfigError
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ class Impala(Algorithm):
         ac, env, algo = self.agent_config(cfg), f"env.id: {cfg.env.id!r}", cfg.agent.algo
         if any(size <= 0 for size in ac.hidden):
             raise ConfigError(f"agent.hidden: layer sizes must be > 0, got {ac.hidden}")
+        if ac.lstm_size and ac.network != "mlp":
+            raise ConfigError(f"agent.lstm_size: an LSTM follows agent.network: mlp only (got {ac.network}); set it "
+                              "to 0")
         if ac.ent_coef_end is not None and not (math.isfinite(ac.ent_coef_end) and ac.ent_coef_end >= 0):
             raise ConfigError(f"agent.ent_coef_end: must be a number >= 0 or null, got {ac.ent_coef_end}")
         if cfg.trainer.warmup > cfg.replay.capacity:
@@ -82,15 +86,17 @@ class Impala(Algorithm):
                     seed: int = 0, backend: str = "auto", device: str = "cpu") -> Policy:
         ac = self.agent_config(cfg)
         if resolve_backend(backend, ac.network == "mlp", device) == "numpy":
-            from zmqrl.agents.impala.numpy_policy import NumpyActorCriticPolicy
+            from zmqrl.agents.impala.numpy_policy import NumpyActorCriticPolicy, NumpyRecurrentActorCritic
 
-            return NumpyActorCriticPolicy(ac, obs_space, action_space, seed=seed)
+            numpy_class = NumpyRecurrentActorCritic if ac.lstm_size else NumpyActorCriticPolicy
+            return numpy_class(ac, obs_space, action_space, seed=seed)
         import torch
 
-        from zmqrl.agents.impala.agent import ActorCriticPolicy
+        from zmqrl.agents.impala.agent import ActorCriticPolicy, RecurrentActorCriticPolicy
 
         torch.set_num_threads(1)
-        return ActorCriticPolicy(ac, obs_space, action_space, device, seed)
+        torch_class = RecurrentActorCriticPolicy if ac.lstm_size else ActorCriticPolicy
+        return torch_class(ac, obs_space, action_space, device, seed)
 
     def exploration(self, cfg: Config, actor_index: int | None) -> Exploration:
         """None to schedule: every actor, and ``zmqrl train``, draws its actions from the policy."""
@@ -98,11 +104,11 @@ class Impala(Algorithm):
 
     def make_agent(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                    device: Any = "cpu", seed: int = 0) -> Agent:
-        from zmqrl.agents.impala.agent import ImpalaAgent
+        from zmqrl.agents.impala.agent import ImpalaAgent, RecurrentImpalaAgent
 
         self.check_spaces(cfg, obs_space, action_space)
-        return ImpalaAgent(self.agent_config(cfg), obs_space, action_space, device, seed,
-                           max_opts=cfg.trainer.max_opts)
+        agent_class = RecurrentImpalaAgent if self.agent_config(cfg).lstm_size else ImpalaAgent
+        return agent_class(self.agent_config(cfg), obs_space, action_space, device, seed, max_opts=cfg.trainer.max_opts)
 
     def initial_params(self, cfg: Config, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                        seed: int) -> Params | None:
@@ -121,9 +127,13 @@ class Impala(Algorithm):
             action: ArraySpec = (np.dtype(np.int64), (steps,))
         else:
             action = (np.dtype(action_space.dtype or np.float32), (steps, *item_shape(action_space)))
-        return {"obs": (np.dtype(obs_space.dtype or np.float32), (steps, *item_shape(obs_space))), "action": action,
+        spec = {"obs": (np.dtype(obs_space.dtype or np.float32), (steps, *item_shape(obs_space))), "action": action,
                 "reward": (f32, (steps,)), "discount": (f32, (steps,)), "mask": (f32, (steps,)),
                 "logp": (f32, (steps,))}
+        size = self.agent_config(cfg).lstm_size
+        if size:  # the LSTM's state before the segment's first step (as R2D2's items carry it)
+            spec.update({"state_h": (f32, (size,)), "state_c": (f32, (size,))})
+        return spec
 
     def value_limits(self, cfg: Config, obs_space: gym.spaces.Space,
                      action_space: gym.spaces.Space) -> dict[str, tuple[float, float]]:
@@ -131,7 +141,10 @@ class Impala(Algorithm):
         and behaviour log-probabilities finite and no larger than the policy can give: 0 for a categorical
         policy (a probability is at most 1), a Gaussian's density at its mean with the smallest std allowed."""
         limits = {k: v for k, v in super().value_limits(cfg, obs_space, action_space).items() if k != "next_obs"}
-        return {**limits, "mask": (0.0, 1.0), "logp": (LOGP_MIN, logp_bound(self.agent_config(cfg), action_space))}
+        limits = {**limits, "mask": (0.0, 1.0), "logp": (LOGP_MIN, logp_bound(self.agent_config(cfg), action_space))}
+        if self.agent_config(cfg).lstm_size:  # an LSTM's h lies in [-1, 1]; |c| grows by less than 1 a step
+            limits.update({"state_h": (-1.0, 1.0), "state_c": (-STATE_C_LIMIT, STATE_C_LIMIT)})
+        return limits
 
     def batch_problem(self, cfg: Config, arrays: Mapping[str, np.ndarray]) -> str | None:
         """Masks of 0 and 1 in one run from the first step, terminations only on the last real step, a trained

@@ -33,9 +33,8 @@ from zmqrl.agents.impala.config import ImpalaConfig
 from zmqrl.agents.impala.numpy_policy import HALF_LOG_2PI, policy_param_shapes
 from zmqrl.agents.impala.segments import trained_steps
 from zmqrl.agents.impala.vtrace import vtrace
+from zmqrl.agents.r2d2.numpy_policy import NOT_FEED_FORWARD
 from zmqrl.agents.torch_util import clip_gradients, load_module_params, module_params, nonfinite
-
-FIELDS = ("obs", "action", "reward", "discount", "mask", "logp")  # a segment's fields (the update reads these)
 
 
 def mlp(in_dim: int, hidden: list[int], activation: str) -> nn.Sequential:
@@ -76,6 +75,10 @@ class PolicyNet(nn.Module):
         self.torso, last = make_torso(cfg, obs_shape)
         if cfg.network == "nature_cnn":  # the initialisation of Baselines' and SB3's CNN policies
             orthogonal_init(self.torso, float(np.sqrt(2.0)))
+        self.lstm: nn.LSTM | None = None
+        if cfg.lstm_size:  # (its parameters come from the numpy draw the agent adopts: torch's, forget bias + 1)
+            self.lstm = nn.LSTM(last, cfg.lstm_size, batch_first=True)
+            last = cfg.lstm_size
         if isinstance(action_space, gym.spaces.Discrete):
             self.logits = nn.Linear(last, int(action_space.n))
         else:
@@ -91,6 +94,16 @@ class PolicyNet(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head_of(self.torso(obs))
 
+    def unroll(self, obs: torch.Tensor, state_h: torch.Tensor, state_c: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The LSTM's outputs ``(n, T, H)`` over observations ``(n, T, D)`` from the states ``(n, H)``, and the
+        states after them."""
+        assert self.lstm is not None
+        n, steps = obs.shape[:2]
+        features = self.torso(obs.reshape(n * steps, -1)).view(n, steps, -1)
+        out, (h, c) = self.lstm(features, (state_h.unsqueeze(0).contiguous(), state_c.unsqueeze(0).contiguous()))
+        return out, h[0], c[0]
+
     def head_of(self, features: torch.Tensor) -> torch.Tensor:
         """The head's output (logits, or the Gaussian's mean) from the torso's features."""
         return self.logits(features) if self.discrete else self.mean(features)  # type: ignore[no-any-return]
@@ -101,22 +114,24 @@ class PolicyNet(nn.Module):
 
 class ValueNet(nn.Module):
     """The learner's state-value estimate: a torso and one output, orthogonally initialised (gain 1 at the
-    output). With ``shared`` (the Nature CNN's: IMPALA's and PPO's Atari networks share it) it reads the
-    policy's torso; an MLP has its own (SB3's MlpPolicy for PPO)."""
+    output). With ``shared_features`` it has no torso of its own and reads the policy's features, that many
+    (the Nature CNN's: IMPALA's and PPO's Atari networks share it; an LSTM's outputs, which hold the
+    memory); an MLP has its own (SB3's MlpPolicy for PPO)."""
 
-    def __init__(self, cfg: ImpalaConfig, obs_shape: tuple[int, ...], shared: nn.Module | None = None) -> None:
+    def __init__(self, cfg: ImpalaConfig, obs_shape: tuple[int, ...], shared_features: int | None = None) -> None:
         super().__init__()
-        if shared is None:
+        self.torso: nn.Sequential | None = None
+        if shared_features is None:
             self.torso, last = make_torso(cfg, obs_shape)
             orthogonal_init(self.torso, float(np.sqrt(2.0)))
         else:
-            self.torso = shared  # type: ignore[assignment]
-            last = cfg.hidden[-1] if cfg.hidden else NATURE_CNN_FEATURES
+            last = shared_features
         self.out = nn.Linear(last, 1)
         nn.init.orthogonal_(self.out.weight, gain=1.0)
         nn.init.zeros_(self.out.bias)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        assert self.torso is not None, "a value head on the policy's features: call out() on them"
         return self.out(self.torso(obs)).squeeze(-1)  # type: ignore[no-any-return]
 
 
@@ -164,7 +179,10 @@ class ActorCriticPolicy:
     @torch.no_grad()
     def act(self, obs: np.ndarray, explore: float | np.ndarray) -> np.ndarray:
         """Actions drawn from the policy (``explore`` is not used); their log-probabilities kept."""
-        head = self.policy(self._rows(obs))
+        return self._sample(self.policy(self._rows(obs)))
+
+    @torch.no_grad()
+    def _sample(self, head: torch.Tensor) -> np.ndarray:
         if self.discrete:
             u = torch.rand(head.shape, generator=self.generator, device=self.device).clamp_min(1e-12)
             action = (torch.log_softmax(head, -1) - torch.log(-torch.log(u))).argmax(-1)
@@ -180,7 +198,10 @@ class ActorCriticPolicy:
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
-        head = self.policy(self._rows(obs))
+        return self._mode(self.policy(self._rows(obs)))
+
+    @torch.no_grad()
+    def _mode(self, head: torch.Tensor) -> np.ndarray:
         if self.discrete:
             return head.argmax(-1).cpu().numpy().astype(np.int64)  # type: ignore[no-any-return]
         action = torch.minimum(torch.maximum(head, self.low), self.high)
@@ -208,7 +229,13 @@ class ImpalaAgent(ActorCriticPolicy):
     def __init__(self, cfg: ImpalaConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
                  device: torch.device | str = "cpu", seed: int = 0, max_opts: int = 0) -> None:
         super().__init__(cfg, obs_space, action_space, device, seed)
-        self.value = ValueNet(cfg, self.obs_shape, self.policy.torso if self.pixels else None).to(self.device)
+        self.recurrent = bool(cfg.lstm_size)
+        shared = None  # the value head's own torso (an MLP), or the policy's features it reads, that many
+        if self.recurrent:
+            shared = cfg.lstm_size
+        elif self.pixels:
+            shared = cfg.hidden[-1] if cfg.hidden else NATURE_CNN_FEATURES
+        self.value = ValueNet(cfg, self.obs_shape, shared).to(self.device)
         self.max_opts = max_opts
         params = list({id(p): p for p in [*self.policy.parameters(), *self.value.parameters()]}.values())
         self.optimizer: torch.optim.Optimizer
@@ -240,17 +267,18 @@ class ImpalaAgent(ActorCriticPolicy):
         gradient steps; no priorities). The schedules move once per optimisation step."""
         parts = min(self.cfg.minibatches, len(batch["mask"]))
         if parts <= 1:
-            metrics = self._step(batch)
+            metrics = self._gradient_step(batch)
         else:
             order = self.rng.permutation(len(batch["mask"]))
-            steps = [self._step({k: np.asarray(batch[k])[rows] for k in FIELDS})
+            fields = [k for k in batch if k not in ("indices", "weights")]
+            steps = [self._gradient_step({k: np.asarray(batch[k])[rows] for k in fields})
                      for rows in np.array_split(order, parts)]
             metrics = {key: float(np.mean([m[key] for m in steps])) for key in self.METRICS}
             metrics["skipped"] = float(max(m["skipped"] for m in steps))
         self.opt_steps += 1
         return metrics, None
 
-    def _step(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
+    def _gradient_step(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
         """One gradient step on segments (module docstring)."""
         cfg, dev = self.cfg, self.device
         obs = torch.as_tensor(np.asarray(batch["obs"]), device=dev)
@@ -264,7 +292,13 @@ class ImpalaAgent(ActorCriticPolicy):
         count = trained.sum().clamp(min=1.0)
 
         flat = self._rows(obs.reshape(n * steps, *obs.shape[2:]))
-        if self.pixels:  # one pass of the shared torso for the values and the policy
+        if self.recurrent:  # the LSTM from each segment's stored state; values and policy read its outputs
+            state_h = torch.as_tensor(np.asarray(batch["state_h"], np.float32), device=dev)
+            state_c = torch.as_tensor(np.asarray(batch["state_c"], np.float32), device=dev)
+            out, _, _ = self.policy.unroll(flat.view(n, steps, -1), state_h, state_c)
+            values = self.value.out(out).view(n, steps)
+            head = self.policy.head_of(out[:, :length].reshape(n * length, -1))
+        elif self.pixels:  # one pass of the shared torso for the values and the policy
             features = self.policy.torso(flat)
             values = self.value.out(features).view(n, steps)
             head = self.policy.head_of(features.view(n, steps, -1)[:, :length].reshape(n * length, -1))
@@ -340,3 +374,47 @@ class _Both(nn.Module):
     def __init__(self, policy: nn.Module, value: nn.Module) -> None:
         super().__init__()
         self.policy, self.value = policy, value
+
+
+class RecurrentActing:
+    """Acting with a state per env (:class:`~zmqrl.core.RecurrentPolicy`) over a policy with an LSTM, for the
+    torch policy and the agent (``zmqrl train`` acts with it); the feed-forward calls refuse."""
+
+    cfg: ImpalaConfig
+    device: torch.device
+    policy: PolicyNet
+    _rows: Any
+    _sample: Any
+    _mode: Any
+
+    def initial_state(self, n: int) -> np.ndarray:
+        return np.zeros((n, 2, self.cfg.lstm_size), dtype=np.float32)
+
+    @torch.no_grad()
+    def _lstm_step(self, obs: np.ndarray, state: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        st = torch.as_tensor(np.asarray(state, np.float32), device=self.device)
+        out, h, c = self.policy.unroll(self._rows(obs).unsqueeze(1), st[:, 0], st[:, 1])
+        return self.policy.head_of(out[:, 0]), torch.stack((h, c), dim=1).cpu().numpy()
+
+    def act_recurrent(self, obs: np.ndarray, explore: float | np.ndarray,
+                      state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        head, after = self._lstm_step(obs, state)
+        return self._sample(head), after
+
+    def greedy_recurrent(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        head, after = self._lstm_step(obs, state)
+        return self._mode(head), after
+
+    def act(self, obs: np.ndarray, explore: Any) -> np.ndarray:
+        raise TypeError(NOT_FEED_FORWARD.replace("R2D2's", "This"))
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        raise TypeError(NOT_FEED_FORWARD.replace("R2D2's", "This"))
+
+
+class RecurrentActorCriticPolicy(RecurrentActing, ActorCriticPolicy):
+    """The torch policy with an LSTM (actors with ``actor.backend: torch``, the evaluator)."""
+
+
+class RecurrentImpalaAgent(RecurrentActing, ImpalaAgent):
+    """The learner's actor-critic with an LSTM: it trains from each segment's stored state."""

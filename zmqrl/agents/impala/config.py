@@ -24,6 +24,7 @@ class ImpalaConfig(AgentConfig):
     network: str = "mlp"  # mlp (vector observations: separate policy and value nets) or nature_cnn (frames: shared)
     hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP layer sizes (nature_cnn: after the convs)
     activation: str = "tanh"  # tanh or relu, between the MLP's layers
+    lstm_size: int = 0  # an LSTM of this many units after the MLP (policy and value read it; mlp only); 0: none
     unroll_length: int = 20  # env steps per segment an actor sends (IMPALA, Atari: 20)
     batch_size: int = 32  # segments per optimisation step (IMPALA: 32)
     epochs: int = 1  # optimisation steps (passes) on each batch of segments (PPO's epochs over a rollout)
@@ -53,7 +54,7 @@ class ImpalaConfig(AgentConfig):
     POSITIVE: ClassVar[tuple[str, ...]] = ("unroll_length", "epochs", "minibatches", "rho_bar", "c_bar", "lr",
                                            "adam_eps", "rmsprop_eps")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("trace_lambda", "rmsprop_alpha")
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("clip_ratio", "vf_coef", "ent_coef", "max_grad_norm")
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("clip_ratio", "vf_coef", "ent_coef", "max_grad_norm", "lstm_size")
 
 
 @dataclass

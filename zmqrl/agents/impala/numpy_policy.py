@@ -10,6 +10,10 @@ and shapes (:func:`policy_param_shapes`), so the learner publishes the same arra
 Actions are drawn from the policy in every actor (no ε): an on-policy algorithm explores by the
 entropy of its own policy. Each :meth:`NumpyActorCriticPolicy.act` call keeps the log-probability of
 every action it drew (:class:`~zmqrl.core.RecordsLogProbs`), which the actor sends with the segment.
+
+With ``agent.lstm_size`` an LSTM (torch's gate layout and names, as R2D2's,
+:mod:`zmqrl.agents.r2d2.numpy_policy`) follows the torso: :class:`NumpyRecurrentActorCritic` acts with a
+state per env (:class:`~zmqrl.core.RecurrentPolicy`), and the learner's value head reads the same LSTM.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from zmqrl.agents.impala.config import ImpalaConfig
 from zmqrl.agents.numpy_mlp import Layer, as_rows, check_params, linear, linear_stack_shapes
+from zmqrl.agents.r2d2.numpy_policy import FORGET_BIAS, NOT_FEED_FORWARD
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 LOGP_MIN = -1000.0  # no honest policy draws an action whose log-probability is below this (its chance: e^-1000)
@@ -31,6 +36,11 @@ def policy_param_shapes(cfg: ImpalaConfig, obs_dim: int, action_space: gym.space
     """Names and shapes of :class:`~zmqrl.agents.impala.networks.PolicyNet`'s parameters."""
     shapes = linear_stack_shapes("torso", obs_dim, cfg.hidden)
     last = cfg.hidden[-1] if cfg.hidden else obs_dim
+    if cfg.lstm_size:
+        size = cfg.lstm_size
+        shapes.update({"lstm.weight_ih_l0": (4 * size, last), "lstm.weight_hh_l0": (4 * size, size),
+                       "lstm.bias_ih_l0": (4 * size,), "lstm.bias_hh_l0": (4 * size,)})
+        last = size
     if isinstance(action_space, gym.spaces.Discrete):
         shapes["logits.weight"], shapes["logits.bias"] = (int(action_space.n), last), (int(action_space.n),)
     else:
@@ -56,11 +66,17 @@ def initial_policy_params(cfg: ImpalaConfig, obs_dim: int, action_space: gym.spa
                           seed: int) -> dict[str, np.ndarray]:
     """Version-0 policy parameters: orthogonal weights, gain sqrt(2) in the torso and 0.01 in the head, zero
     biases and ``log_std`` at ``agent.log_std_init`` (the initialisation of OpenAI Baselines' and SB3's PPO,
-    which keeps the first policy close to uniform)."""
+    which keeps the first policy close to uniform); an LSTM's as torch draws them (uniform in
+    ±1/sqrt(lstm_size)) with the forget gate's bias raised by 1, as R2D2's."""
     rng = np.random.default_rng(seed)
     params: dict[str, np.ndarray] = {}
     for name, shape in policy_param_shapes(cfg, obs_dim, action_space).items():
-        if name == "log_std":
+        if name.startswith("lstm."):
+            bound = 1.0 / math.sqrt(cfg.lstm_size)
+            params[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+            if name == "lstm.bias_ih_l0":
+                params[name][cfg.lstm_size:2 * cfg.lstm_size] += np.float32(FORGET_BIAS)
+        elif name == "log_std":
             params[name] = np.full(shape, cfg.log_std_init, dtype=np.float32)
         elif name.endswith(".bias"):
             params[name] = np.zeros(shape, dtype=np.float32)
@@ -77,6 +93,11 @@ def logp_bound(cfg: ImpalaConfig, action_space: gym.spaces.Space) -> float:
         return 0.0
     act_dim = int(np.prod(action_space.shape or ()))
     return float(act_dim * (-HALF_LOG_2PI - cfg.log_std_min))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """The logistic function through tanh (no overflow for large |x|)."""
+    return np.float32(0.5) * (np.tanh(np.float32(0.5) * x) + np.float32(1.0))  # type: ignore[no-any-return]
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -111,7 +132,7 @@ class NumpyActorCriticPolicy:
         if not self.discrete:
             self.log_std = np.maximum(np.asarray(params["log_std"], dtype=np.float32), np.float32(self.cfg.log_std_min))
 
-    def _head(self, obs: np.ndarray) -> np.ndarray:
+    def _torso(self, obs: np.ndarray) -> np.ndarray:
         x = as_rows(obs)
         for w, b in self.torso:
             x = x @ w
@@ -120,13 +141,21 @@ class NumpyActorCriticPolicy:
                 np.maximum(x, np.float32(0.0), out=x)
             else:
                 np.tanh(x, out=x)
+        return x
+
+    def _out(self, x: np.ndarray) -> np.ndarray:
         out = x @ self.head[0]
         out += self.head[1]
         return out  # type: ignore[no-any-return]
 
+    def _head(self, obs: np.ndarray) -> np.ndarray:
+        return self._out(self._torso(obs))
+
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """The most likely action: the largest logit, or the Gaussian's mean clipped to the bounds."""
-        out = self._head(obs)
+        return self._mode(self._head(obs))
+
+    def _mode(self, out: np.ndarray) -> np.ndarray:
         if self.discrete:
             return out.argmax(axis=1).astype(np.int64)  # type: ignore[no-any-return]
         return np.clip(out, self.low, self.high).astype(self.dtype, copy=False)  # type: ignore[no-any-return]
@@ -134,7 +163,9 @@ class NumpyActorCriticPolicy:
     def act(self, obs: np.ndarray, explore: float | np.ndarray) -> np.ndarray:
         """Actions drawn from the policy (``explore`` is not used: the policy's own entropy explores); their
         log-probabilities are kept for :meth:`acted_log_probs`."""
-        out = self._head(obs)
+        return self._sample(self._head(obs))
+
+    def _sample(self, out: np.ndarray) -> np.ndarray:
         if self.discrete:
             logp_all = log_softmax(out.astype(np.float64))
             gumbel = -np.log(-np.log(self.rng.random(out.shape)))
@@ -154,6 +185,56 @@ class NumpyActorCriticPolicy:
     def priorities(self, batch: Mapping[str, np.ndarray]) -> None:
         """None: an on-policy store has no priorities."""
         return None
+
+
+class NumpyRecurrentActorCritic(NumpyActorCriticPolicy):
+    """The policy with an LSTM after its torso, acting with a state per env (:class:`~zmqrl.core.RecurrentPolicy`):
+    ``(n, 2, lstm_size)``, h then c; the feed-forward calls refuse."""
+
+    def __init__(self, cfg: ImpalaConfig, obs_space: gym.spaces.Space, action_space: gym.spaces.Space,
+                 seed: int = 0) -> None:
+        self.lstm_size = cfg.lstm_size
+        super().__init__(cfg, obs_space, action_space, seed)
+
+    def load_params(self, params: Mapping[str, np.ndarray]) -> None:
+        super().load_params(params)
+        self.w_x = np.array(np.asarray(params["lstm.weight_ih_l0"], dtype=np.float32).T, order="C")  # (F, 4H)
+        self.w_h = np.array(np.asarray(params["lstm.weight_hh_l0"], dtype=np.float32).T, order="C")  # (H, 4H)
+        self.bias = (np.asarray(params["lstm.bias_ih_l0"], dtype=np.float64)
+                     + np.asarray(params["lstm.bias_hh_l0"], dtype=np.float64)).astype(np.float32)
+
+    def initial_state(self, n: int) -> np.ndarray:
+        """Zeros ``(n, 2, lstm_size)``: an episode's first step."""
+        return np.zeros((n, 2, self.lstm_size), dtype=np.float32)
+
+    def step(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The head's output for one step per env from ``state``, and the state after it (torch's LSTM step)."""
+        state = np.asarray(state, dtype=np.float32)
+        size, h, c = self.lstm_size, state[:, 0], state[:, 1]
+        gates = self._torso(obs) @ self.w_x
+        gates += h @ self.w_h
+        gates += self.bias
+        i, f = sigmoid(gates[:, :size]), sigmoid(gates[:, size:2 * size])
+        g, o = np.tanh(gates[:, 2 * size:3 * size]), sigmoid(gates[:, 3 * size:])
+        c_next = f * c + i * g
+        h_next = o * np.tanh(c_next)
+        return self._out(h_next), np.stack((h_next, c_next), axis=1)
+
+    def act_recurrent(self, obs: np.ndarray, explore: float | np.ndarray,
+                      state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Actions drawn from the policy (log-probabilities kept) and the state after them."""
+        out, state = self.step(obs, state)
+        return self._sample(out), state
+
+    def greedy_recurrent(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out, state = self.step(obs, state)
+        return self._mode(out), state
+
+    def act(self, obs: np.ndarray, explore: float | np.ndarray) -> np.ndarray:
+        raise TypeError(NOT_FEED_FORWARD.replace("R2D2's", "This"))
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        raise TypeError(NOT_FEED_FORWARD.replace("R2D2's", "This"))
 
 
 def gaussian_logp(action: np.ndarray, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
