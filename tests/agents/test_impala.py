@@ -263,6 +263,10 @@ def test_configs_the_store_cannot_serve_are_refused_naming_the_key() -> None:
         make_task(appo("trainer.warmup=100"))
     with pytest.raises(ConfigError, match="env.id"):
         make_task(appo("env.id=CarRacing-v3"))
+    with pytest.raises(ConfigError, match="agent.compile"):
+        make_task(appo("agent.compile=graph", "run.device=cuda"))
+    with pytest.raises(ConfigError, match="agent.lstm_size"):
+        make_task(appo("env.id=zmqrl/Catch-v0", "agent.network=nature_cnn", "agent.lstm_size=8"))
 
 
 @pytest.mark.slow

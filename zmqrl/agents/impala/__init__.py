@@ -55,6 +55,9 @@ class Impala(Algorithm):
         ac, env, algo = self.agent_config(cfg), f"env.id: {cfg.env.id!r}", cfg.agent.algo
         if any(size <= 0 for size in ac.hidden):
             raise ConfigError(f"agent.hidden: layer sizes must be > 0, got {ac.hidden}")
+        if ac.compile == "graph":
+            raise ConfigError(f"agent.compile: graph is not available for agent.algo={algo} (its update has no "
+                              "captured CUDA graph); use auto or none, which run it eager")
         if ac.lstm_size and ac.network != "mlp":
             raise ConfigError(f"agent.lstm_size: an LSTM follows agent.network: mlp only (got {ac.network}); set it "
                               "to 0")
