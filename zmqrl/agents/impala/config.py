@@ -30,6 +30,7 @@ class ImpalaConfig(AgentConfig):
     epochs: int = 1  # optimisation steps (passes) on each batch of segments (PPO's epochs over a rollout)
     minibatches: int = 1  # gradient steps per pass: the batch's segments shuffled and split into this many (PPO's)
     gamma: float = 0.99  # discount factor
+    n_step: int = 1  # not used: V-trace's targets run to each segment's end (agent.unroll_length)
     trace_lambda: float = 1.0  # V-trace's lambda: c_s = lambda * min(c_bar, rho_s) (IMPALA remark 2); 1 = none
     rho_bar: float = 1.0  # truncation of the importance weights in the V-trace targets and the policy gradient
     c_bar: float = 1.0  # truncation of the trace-cutting coefficients c_s
