@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -137,6 +138,11 @@ class SimActor:
 
 def sim_host(p: dict[str, Any], stop: StopFlag) -> dict[str, Any]:
     """Helper process: ``p["count"]`` simulated actors of one host (module docstring)."""
+    if p.get("idle"):  # another machine in a real run: only the CPU the learner leaves (before any thread starts)
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
     cfg = child_config(p)
     messages = load_messages(p["messages"])
     role = RoleProcess(cfg, f"simhost-{p['host']}")
