@@ -153,7 +153,8 @@ def test_sigterm_then_resume_ends_like_a_run_never_stopped(algo: str, tmp_path: 
         [(e["opt_steps"], e["return_mean"]) for e in state_b["evals"]]
     summary_a = json.loads((stopped / "summary.json").read_text())
     summary_b = json.loads((whole / "summary.json").read_text())
-    assert summary_a["replay_size"] == summary_b["replay_size"] == state_a["replay"]["size"] > 0
+    assert summary_a["replay_size"] == summary_b["replay_size"] == state_a["replay"]["size"]
+    assert state_a["replay"]["size"] > 0 or algo == "appo"  # (a FIFO is empty between batches when none is queued)
     assert_same(npz(a_dir / REPLAY_FILE), npz(b_dir / REPLAY_FILE), REPLAY_FILE)
     assert_same(checkpoint.read_tree(a_dir / ENV_STATE_FILE), checkpoint.read_tree(b_dir / ENV_STATE_FILE),
                 ENV_STATE_FILE)

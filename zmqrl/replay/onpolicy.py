@@ -58,6 +58,8 @@ class SegmentQueue:
         self.dropped_other_line = 0
         self.dropped_overflow = 0
         self.pauses = 0  # times the queue became full (each a pause of the actors)
+        self.lag_sum = 0  # versions between the model that acted for each segment taken and the learner's then
+        self.lag_max = 0
         self._was_full = False
 
     # --- in --------------------------------------------------------------------------------------
@@ -192,6 +194,9 @@ class SegmentQueue:
             arrays, versions = self._pop(batch_size - taken)
             parts.append(arrays)
             taken += len(versions)
+            lags = self.version - versions
+            self.lag_sum += int(lags.sum())
+            self.lag_max = max(self.lag_max, int(lags.max()))
         batch = parts[0] if len(parts) == 1 else {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
         batch["indices"] = np.arange(self.taken, self.taken + taken, dtype=np.int64)
         batch["weights"] = np.ones(taken, dtype=np.float32)
@@ -221,17 +226,20 @@ class SegmentQueue:
                 "dropped_lag": self.dropped_lag, "dropped_other_line": self.dropped_other_line,
                 "dropped_overflow": self.dropped_overflow,
                 "dropped_lag_share": round(self.dropped_lag / max(self.added, 1), 4),
-                "dropped_share": round(dropped / max(self.added, 1), 4), "full_pauses": self.pauses}
+                "dropped_share": round(dropped / max(self.added, 1), 4), "full_pauses": self.pauses,
+                # the lag a batch is trained with: since its segments were acted (queue wait in), at its first pass
+                "trained_lag_mean": round(self.lag_sum / max(self.taken, 1), 3), "trained_lag_max": self.lag_max}
 
     def state_dict(self) -> dict[str, Any]:
         """Counters (no contents), as JSON values."""
         return {"added": self.added, "taken": self.taken, "samples": self.samples, "dropped_lag": self.dropped_lag,
                 "dropped_other_line": self.dropped_other_line, "dropped_overflow": self.dropped_overflow,
-                "pauses": self.pauses, "version": self.version, "size": len(self)}
+                "pauses": self.pauses, "version": self.version, "size": len(self), "lag_sum": self.lag_sum,
+                "lag_max": self.lag_max}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for key in ("added", "taken", "samples", "dropped_lag", "dropped_other_line", "dropped_overflow", "pauses",
-                    "version"):
+                    "version", "lag_sum", "lag_max"):
             setattr(self, key, int(state.get(key, getattr(self, key))))
 
     def save(self, path: str, stamp: Mapping[str, Any] | None = None) -> None:
