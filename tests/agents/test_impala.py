@@ -252,7 +252,7 @@ def test_the_agents_state_round_trips() -> None:
 def test_the_algorithm_chooses_the_store_and_replay_algorithms_keep_theirs() -> None:
     cfg = appo()
     store = make_replay_from(cfg, make_task(cfg).batch_spec())
-    assert isinstance(store, SegmentQueue) and store.epochs == 20 and store.capacity == 64 and store.max_lag == 20
+    assert isinstance(store, SegmentQueue) and store.epochs == 20 and store.capacity == 16 and store.max_lag == 20
     dqn = config.load(REPO / "configs" / "cartpole_dqn.yaml", ["replay.prioritized=false"])
     assert isinstance(make_replay_from(dqn, make_task(dqn).batch_spec()), UniformReplay)
     assert make_task(cfg).replay_item == "segment"
