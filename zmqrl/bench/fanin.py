@@ -113,7 +113,7 @@ class Fanin:
         return max(kept, key=lambda s: s.ingest_s) if kept else None
 
 
-class _Bench:
+class RunBench:
     """The bench side of one run: the control PUB (rates), the report PULL (ready), the learner's summaries."""
 
     def __init__(self, summary_path: Path, procs: list[Proc]) -> None:  # (procs: the list, filled later)
@@ -261,7 +261,7 @@ def measure(c: Context, senders: int, proxies: int = PROXIES, processes: int = P
     settle = s.fanin_window_s / 3
     sets = [a for o in (*OVERRIDES, "run.log_level=warning") for a in ("--set", o)]
     with Procs(c.logs) as procs:
-        bench = _Bench(run_dir / "summary.json", procs.procs)
+        bench = RunBench(run_dir / "summary.json", procs.procs)
         try:
             learner = procs.child(f"fanin-{senders}-learner", learn, {
                 **common, "run_dir": str(run_dir), "data": data, "model": model, "eval": evals,

@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 import zmq
 
+from zmqrl.bench.fanin import RunBench
 from zmqrl.bench.feeders import save_messages
 from zmqrl.bench.harness import (
-    HOST,
     BenchError,
     Context,
     Proc,
@@ -63,7 +63,6 @@ from zmqrl.bench.procfs import cpu_seconds, open_sockets, rss_bytes
 from zmqrl.bench.scale_hosts import Probe, sim_host
 from zmqrl.roles.addresses import free_port
 from zmqrl.roles.launch.processes import stop_roles
-from zmqrl.run.lifecycle import Every
 from zmqrl.run.rundir import read_json
 
 log = logging.getLogger("zmqrl")
@@ -176,39 +175,18 @@ class ScaleRun:
     note: str = ""
 
 
-class _Bench:
-    """The bench side of a run: the rate PUB, the report PULL, the learner's summaries, liveness."""
+class _Bench(RunBench):
+    """The fan-in bench's run control (the rate PUB, the report PULL, the learner's summaries, liveness),
+    keeping every report the simulated hosts send."""
 
     def __init__(self, summary_path: Path, procs: list[Proc]) -> None:
-        self.ctx = zmq.Context(io_threads=1)
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.control = f"tcp://{HOST}:{self.pub.bind_to_random_port(f'tcp://{HOST}')}"
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.report = f"tcp://{HOST}:{self.pull.bind_to_random_port(f'tcp://{HOST}')}"
-        self.summary_path, self.procs = summary_path, procs
-        self.rate, self.resend = 0.0, Every(0.2)
+        super().__init__(summary_path, procs)
         self.reports: list[dict[str, Any]] = []
-        self._mtime = 0
-
-    def close(self) -> None:
-        self.pub.close(linger=0)
-        self.pull.close(linger=0)
-        self.ctx.term()
-
-    def offer(self, rate: float) -> None:
-        """Every simulated actor offers ``rate`` transitions/s from now."""
-        self.rate = rate
-        self.pub.send_json({"rate": rate})
 
     def tick(self, wait_s: float = 0.05) -> None:
-        if self.resend():
-            self.pub.send_json({"rate": self.rate})
-        for proc in self.procs:
-            if not proc.alive():
-                raise proc.failure(f"{proc.name} exited")
-        if self.pull.poll(int(wait_s * 1000), zmq.POLLIN):
-            while self.pull.poll(0, zmq.POLLIN):
-                self.reports.append(self.pull.recv_json())  # type: ignore[arg-type]
+        super().tick(wait_s)
+        while self.pull.poll(0, zmq.POLLIN):
+            self.reports.append(self.pull.recv_json())  # type: ignore[arg-type]
 
     def wait(self, what: str, cond: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -217,30 +195,11 @@ class _Bench:
                 raise BenchError(f"{what}: not within {timeout_s:.0f}s")
             self.tick()
 
-    def ready(self, hosts: set[int], timeout_s: float) -> list[dict[str, Any]]:
+    def ready(self, hosts: set[int], timeout_s: float) -> list[dict[str, Any]]:  # type: ignore[override]
         """Wait for the hosts ``hosts`` to say each of their actors holds a model; their reports."""
         self.wait(f"{len(hosts)} simulated hosts ready", lambda: hosts <= {r["ready"] for r in self.reports},
                   timeout_s)
         return [r for r in self.reports if r["ready"] in hosts]
-
-    def fresh_summary(self, timeout_s: float, accept: Callable[[dict[str, Any]], bool] = lambda s: True
-                      ) -> dict[str, Any]:
-        """The learner's next summary written from now on that ``accept`` takes."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.tick()
-            try:
-                mtime = os.stat(self.summary_path).st_mtime_ns
-            except OSError:
-                continue
-            if mtime == self._mtime:
-                continue
-            summary = read_json(self.summary_path)
-            if summary is not None:
-                self._mtime = mtime
-                if accept(summary):
-                    return summary
-        raise BenchError(f"no fitting learner summary in {self.summary_path} within {timeout_s:.0f}s")
 
 
 def wire_bytes(ports: list[int]) -> tuple[int, int]:
