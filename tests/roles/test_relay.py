@@ -234,6 +234,32 @@ def test_a_learner_restart_is_seen_through_a_relay(
              "control of the new line")
 
 
+def test_a_restarted_learner_stopped_before_its_first_model_still_ends_the_run_through_a_relay(
+        rig: Callable[..., Any], cartpole_cfg: Callable[..., Config]) -> None:
+    """Control of a new learner line waits for that line's model, except ``done``: a learner resumed and
+    stopped at once (SIGTERM within a second) may never send a model, and its roles must still finish."""
+    cfg = cartpole_cfg("run.log_level=warning")
+    model, snap = tcp(), tcp()
+    first = Learner(cfg, model, snap)
+    host = rig(Host, cfg, (model, snap), (tcp(), tcp()))
+    roles = [rig(Role, cfg, f"actor-{i}", *host.proxy.relay_addrs.values()) for i in range(2)]
+    try:
+        first.publish(5)
+        all_hold(roles, 5, incarnation=first.incarnation)
+    finally:
+        first.close()
+    second = rig(Learner, cfg, model, snap)  # no model from this line, ever: only control, then done
+    second.publisher.post_control(ControlState(paused=False, allowance=100), grant=True)
+    for _ in range(20):  # control of the new line alone waits: the roles keep the first line's control
+        assert all(r.poll() == 5 for r in roles)
+        time.sleep(0.01)
+    assert all(r.stream._applied[0] == first.incarnation for r in roles)
+    second.publisher.post_control(ControlState(done="stopped by SIGTERM"))
+    wait_for(lambda: all(r.poll() == 5 and any(c.get("done") == "stopped by SIGTERM" for c in r.controls)
+                         for r in roles), 10, "the new line's done at every role behind the relay")
+    assert host.relay.finished == "stopped by SIGTERM"
+
+
 def test_curve_on_both_legs_of_a_relay(rig: Callable[..., Any], cartpole_cfg: Callable[..., Config],
                                        tmp_path: Path) -> None:
     keys = tmp_path / "keys"

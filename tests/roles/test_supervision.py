@@ -372,7 +372,7 @@ def test_head_and_two_hosts(tmp_path: Path, procs: Procs) -> None:
     ports = {k: free_port() for k in ("data", "model", "eval")}
     overrides = [*FAST, "trainer.max_opts=100000000", "trainer.eval_interval=300", "trainer.eval_episodes=2",
                  "actor.num_actors=3", f"net.data_port={ports['data']}", f"net.model_port={ports['model']}",
-                 f"net.eval_port={ports['eval']}"]
+                 f"net.eval_port={ports['eval']}", f"net.snapshot_port={free_port()}"]
 
     # Ids must stay below actor.num_actors: refused before anything starts.
     bad = procs.start("bad", zmqrl_argv("host", "--learner", "127.0.0.1", "--actors", "2", "--first-id", "2",

@@ -88,7 +88,8 @@ def test_role_scripts_train_together(tmp_path: Path, procs: Procs) -> None:
     common = sets("run.seed=5", "trainer.warmup=300", "trainer.stop_return=null", "trainer.max_opts=600",
                   "trainer.min_samples_per_insert=0",
                   "trainer.eval_interval=200", "trainer.eval_episodes=2", f"net.data_port={ports['data']}",
-                  f"net.model_port={ports['model']}", f"net.eval_port={ports['eval']}")
+                  f"net.model_port={ports['model']}", f"net.eval_port={ports['eval']}",
+                  f"net.snapshot_port={free_port()}")
     rd = str(run_dir)
 
     def start(name: str, script: str, **env: str) -> Proc:
@@ -152,7 +153,8 @@ def test_multihost_example(tmp_path: Path, procs: Procs, two_hosts: Lan | None) 
             return two_hosts.exec_argv(host, argv)
     else:
         learner_addr = "127.0.0.1"
-        ports = sets(f"net.data_port={free_port()}", f"net.model_port={free_port()}", f"net.eval_port={free_port()}")
+        ports = sets(f"net.data_port={free_port()}", f"net.model_port={free_port()}", f"net.eval_port={free_port()}",
+                     f"net.snapshot_port={free_port()}")
 
         def on(host: str, argv: list[str]) -> list[str]:
             return argv

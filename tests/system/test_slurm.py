@@ -125,7 +125,8 @@ def test_job_trains_requeues_resumes_and_cancels(slurm: None, tmp_path: Path) ->
            **({"ZMQRL": str(zmqrl)} if zmqrl.exists() else {})}
     overrides = ["run.seed=11", "trainer.warmup=300", "trainer.stop_return=null", "trainer.max_opts=100000000",
                  "trainer.eval_interval=100000", "trainer.latest_interval_s=1", "net.stats_interval_s=0.5",
-                 f"net.data_port={free_port()}", f"net.model_port={free_port()}", f"net.eval_port={free_port()}"]
+                 f"net.data_port={free_port()}", f"net.model_port={free_port()}", f"net.eval_port={free_port()}",
+                 f"net.snapshot_port={free_port()}"]
     submit = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--time=30", f"--output={out}",
                              str(SLURM / "zmqrl.sbatch"), str(CONFIG), *(a for o in overrides for a in ("--set", o))],
                             capture_output=True, text=True, timeout=60, cwd=REPO, env=env)

@@ -4,7 +4,8 @@ Both subscriptions conflate (only the newest message waits), so a role busy for 
 finds the newest model and the newest control, and control never pushes a model out of the
 queue. Control is taken from the learner line in use: the learner incarnation of the model the
 role took last (any, before its first model); control from a newer line waits until its model
-has been taken, then counts.
+has been taken, then counts, unless it says the run is over (``done``): that needs no model, and a
+learner stopped just after it restarted may never send one.
 
 A role gets its first model and control by itself: it asks the stream's snapshot ROUTER
 (:mod:`~zmqrl.roles.snapshots`) at start, again every :data:`STALE_S` while it holds no model, and
@@ -29,6 +30,7 @@ import zmq
 
 from zmqrl.config import NetConfig
 from zmqrl.roles.addresses import same_host
+from zmqrl.roles.fit import learner_done
 from zmqrl.roles.net import limits, options
 from zmqrl.roles.skeleton import RoleProcess
 from zmqrl.wire import (
@@ -128,7 +130,7 @@ class LearnerStream:
                     or msg.seq > self._waiting[0].seq:
                 self._waiting = heard
         self._snap_controls = []
-        if self._waiting is not None and self._current(self._waiting[0]):
+        if self._waiting is not None and (self._current(self._waiting[0]) or learner_done(self._waiting[0])):
             (msg, frame), self._waiting = self._waiting, None
             task = msg.meta.get("task")
             self.foreign = self.digest is not None and isinstance(task, str) and task != self.digest
