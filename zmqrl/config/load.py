@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -150,6 +151,7 @@ def _check_ranges(cfg: Config, source: str) -> None:
     for key in ("net.data_port", "net.model_port", "net.proxy_port", "net.eval_port", "net.snapshot_port"):
         if not 0 <= flat[key] <= 65535:
             raise ConfigError(f"{source}: {key} must be a port number 0..65535, got {flat[key]!r}")
+    _check_rewards(cfg, source)
     if not 0 <= cfg.env.batch <= cfg.env.num_envs:
         raise ConfigError(f"{source}: env.batch must be within 0..env.num_envs ({cfg.env.num_envs}), "
                           f"got {cfg.env.batch}")
@@ -182,6 +184,19 @@ def _check_ranges(cfg: Config, source: str) -> None:
                           f"trainer.max_samples_per_insert ({high:g}): the learner would pause the actors and wait "
                           "for their data at the same time; lower the first, raise the second, or set it to 0 (off)")
     _check_sequences(cfg, source)
+
+
+def _check_rewards(cfg: Config, source: str) -> None:
+    """``env.reward_scale`` a positive finite number or ``auto``; ``env.reward_rms`` positive and finite."""
+    scale, rms = cfg.env.reward_scale, cfg.env.reward_rms
+    if isinstance(scale, str):
+        if scale != "auto":
+            raise ConfigError(f"{source}: env.reward_scale must be a positive number or 'auto', got {scale!r}")
+    elif not (math.isfinite(scale) and scale > 0):
+        raise ConfigError(f"{source}: env.reward_scale must be a positive finite number or 'auto', got {scale!r}")
+    if rms is not None and not (math.isfinite(rms) and rms > 0):
+        raise ConfigError(f"{source}: env.reward_rms must be a positive finite number (the RMS of stored rewards this "
+                          f"config was tuned at), got {rms!r}")
 
 
 def _check_sequences(cfg: Config, source: str) -> None:

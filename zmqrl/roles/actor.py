@@ -48,6 +48,7 @@ from zmqrl.roles.skeleton import RoleProcess, serve
 from zmqrl.roles.stream import LearnerStream
 from zmqrl.run.acting import ActingLoop, make_task
 from zmqrl.run.lifecycle import Every, StopFlag, seed_everything
+from zmqrl.run.rewards import control_factor, scaled
 from zmqrl.wire import (
     DEFAULT_COPY_THRESHOLD,
     SUPPORTED_VERSIONS,
@@ -212,6 +213,7 @@ class Actor(RoleProcess):
         control without one comes), ``allow`` (while it trains: make at most that many more
         transitions per grant) and ``done`` (the run is over: finish)."""
         self.allowance.observe(msg, self.made)
+        self.loop.reward_factor = control_factor(msg.meta)  # the learner's factor on rewards, for priorities
         done = learner_done(msg)
         if done and not self.finished:
             self.finished = done
@@ -275,7 +277,7 @@ class Actor(RoleProcess):
         for ready in self._ready:
             batch = {key: value[end:end + ready.size] for key, value in arrays.items()}
             if self.priorities and not self.loop.prioritises:
-                priority = self.policy.priorities(batch)
+                priority = self.policy.priorities(scaled(batch, self.loop.reward_factor))
                 if priority is not None:
                     batch["priority"] = priority
             batches.append(batch)

@@ -105,6 +105,7 @@ class Learner(RoleProcess):
                        extra_state=lambda: {"replay": self.replay.state_dict(),
                                             "rate_limiter": self.limiter.state_dict()}, label="learner")
         self.dir, self.replay, self.book = run.dir, run.replay, run.book
+        self.rewards = run.rewards  # the factor on stored rewards at every update (zmqrl.run.rewards)
         self.rundir = RunDir(self.dir)
         if run.agent is not None:
             self._adopt(run.agent)
@@ -232,7 +233,8 @@ class Learner(RoleProcess):
         unbounded before its pause goes out. ``grant``: a new grant even if nothing else changed."""
         quota = self.cfg.trainer.warmup if self._agent is None and self.limiter.min_ratio > 0 else None
         allowance = self.limiter.allowance() if quota is None else None
-        self.publisher.post_control(ControlState(self.limiter.paused, allowance, quota), grant=grant)
+        self.publisher.post_control(ControlState(self.limiter.paused, allowance, quota,
+                                                 reward_scale=self.rewards.factor), grant=grant)
 
     def publish(self, new_version: bool) -> None:
         """Hand the publisher the current model; with ``new_version`` it first gets the next version
@@ -300,6 +302,7 @@ class Learner(RoleProcess):
         """Counters, episodes and env steps of a batch now in replay; returns its length."""
         msg, n = item.msg, item.rows
         self.limiter.inserted += n
+        self.rewards.observe(msg.arrays)
         self.batches += 1
         if self.first_batch_s is None:
             self._first_batch(msg.sender, n)
@@ -419,6 +422,7 @@ class Learner(RoleProcess):
             "replay_item": self.task.replay_item,  # what replay_size, transitions_inserted and the limiter count
             "replay_frames_per_item": round(getattr(self.replay, "frames_held", 0) / max(len(self.replay), 1), 3),
             "transitions_inserted": self.limiter.inserted,
+            "reward_scale": self.rewards.factor, "reward_rms_measured": self.rewards.measured_rms,
             "transitions_inserted_per_s": self.limiter.inserted / max(self.book.wall_s, 1e-9),
             "samples_per_insert": self.samples_per_insert(),
             "bytes_received": intake["bytes_received"], "wire": intake["wire"],
@@ -481,6 +485,8 @@ class Learner(RoleProcess):
                 self._settle()  # the summary counts every step taken, its priorities written
                 self.book.write_summary(self.summary_extra())
             ready, warm = self.agent_ready(), len(self.replay) >= tc.warmup
+            if warm and self.rewards.settle_due and self.rewards.settle("learner: ") and self.rewards.factor != 1.0:
+                self._ask()  # actors compute their priorities with the factor
             starving = not (warm and ready)
             throttled = self.limiter.throttled(self._steps_taken())
             self.limiter.update_pause(self._steps_taken(), warm,
@@ -501,7 +507,7 @@ class Learner(RoleProcess):
             # Batch k+1 is drawn while the device may still run step k; step k's results are read after.
             t0 = time.perf_counter()
             sampled_at = self.replay.num_added
-            batch = self.replay.sample(batch_size)
+            batch = self.rewards.scale(self.replay.sample(batch_size))
             cost.add("sample", time.perf_counter() - t0)
             if self._resolve(save=False):  # (no checkpoint came due: _settle_first would have settled it)
                 self.publish(new_version=True)

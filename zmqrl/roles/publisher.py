@@ -35,6 +35,7 @@ from zmqrl.roles.addresses import port_of
 from zmqrl.roles.beside import Beside
 from zmqrl.roles.ratelimit import Allowances
 from zmqrl.roles.snapshots import SnapshotServer
+from zmqrl.run.rewards import CONTROL_KEY as REWARD_SCALE_KEY
 from zmqrl.wire import CONTROL_TOPIC, MODEL_TOPIC, bound_address, encode_control, send_frames
 
 log = logging.getLogger("zmqrl")
@@ -51,6 +52,7 @@ class ControlState:
     allowance: int | None = None  # while the learner trains with the limiter on: transitions per grant
     quota: int | None = None  # while the agent is still being built: transitions each actor may make
     done: str = ""  # the run is over, with this stop reason
+    reward_scale: float = 1.0  # the learner's factor on stored rewards (zmqrl.run.rewards), for actors' priorities
 
 
 class Publisher(Beside):
@@ -210,6 +212,8 @@ class Publisher(Beside):
             self.allowances.grant(None)
         if state.done:
             meta["done"] = state.done
+        if state.reward_scale != 1.0:
+            meta[REWARD_SCALE_KEY] = state.reward_scale
         self._control_seq += 1
         return bytes(encode_control("learner", self.incarnation, self._control_seq, max(self._version, 0), meta)[0])
 

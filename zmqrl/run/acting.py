@@ -32,6 +32,7 @@ from zmqrl.envs.stepper import Step
 from zmqrl.run import checkpoint
 from zmqrl.run.adders import ENV_ID, FIRST_VALUES, NStepBuilder, SequenceAdder
 from zmqrl.run.checkpoint import CheckpointError
+from zmqrl.run.rewards import scaled
 
 if TYPE_CHECKING:
     from zmqrl.core import Agent, Params, Policy
@@ -182,6 +183,7 @@ class ActingLoop:
             else None
         self._waiting: dict[str, np.ndarray] | None = None  # transitions waiting for their bootstrap's values
         self._env_values: np.ndarray | None = None  # per env: the values of the observation it last acted on
+        self.reward_factor = 1.0  # the learner's factor on rewards (zmqrl.run.rewards): priorities are computed with it
 
     @property
     def prioritises(self) -> bool:
@@ -312,7 +314,7 @@ class ActingLoop:
         assert self.reuse is not None
         first = batch.pop(FIRST_VALUES)
         del batch[ENV_ID]
-        batch["priority"] = self.reuse.priorities_from_values(batch, first, boot)
+        batch["priority"] = self.reuse.priorities_from_values(scaled(batch, self.reward_factor), first, boot)
         return batch
 
     # --- state for exact resumes ---------------------------------------------------------------

@@ -17,9 +17,10 @@ from zmqrl.agents.base import algorithm
 from zmqrl.config import Config, ConfigError, dump
 from zmqrl.core import Agent, ReplayBuffer
 from zmqrl.replay import make_replay
-from zmqrl.run import user_callables
+from zmqrl.run import checkpoint, user_callables
 from zmqrl.run.bookkeeping import Bookkeeper, FileWriters
 from zmqrl.run.resume import ResumePoint, read_resume_point, require_checkpoint
+from zmqrl.run.rewards import RewardScale
 from zmqrl.run.rundir import RunDir
 from zmqrl.run.trackers import check_trackers
 
@@ -37,6 +38,7 @@ class Run:
     book: Bookkeeper
     agent: Agent | None  # the agent, when it was built here (``make_agent``) or given
     point: ResumePoint | None  # the checkpoint it continues from, with ``--resume``
+    rewards: RewardScale  # the factor on stored rewards at every update (saved with checkpoints)
 
 
 def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]], *,
@@ -57,13 +59,15 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
        the rate limiter); every part is checked before anything is written.
     4. The run directory and its ``config.yaml``.
     5. The bookkeeping, taking the checkpoint's counters, evaluations and RNG; what is not exact
-       about the resume is logged (``label``, e.g. ``learner``, starts its lines).
+       about the resume is logged (``label``, e.g. ``learner``, starts its lines). Checkpoints carry
+       the reward factor (:mod:`zmqrl.run.rewards`) beside ``extra_state``'s parts.
     """
     target = run_dir or cfg.run.run_dir
     check_trackers(cfg)
     require_checkpoint(target, resume)
     replay = make_replay_from(cfg, spec)
     built = agent() if callable(agent) else agent
+    rewards = RewardScale(cfg.env)
     point = None
     if resume:
         if built is None:
@@ -72,8 +76,20 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
         point = read_resume_point(cfg, target, built, replay)
         if restore is not None:
             restore(point)
+        if "reward_scale" in point.state:
+            try:
+                rewards.load_state_dict(point.state["reward_scale"], str(point.directory / checkpoint.STATE_FILE))
+            except ValueError as exc:
+                raise checkpoint.CheckpointError(str(exc)) from None
+        elif rewards.auto:
+            point.notes.append("the checkpoint holds no reward factor (written by an earlier version): it is "
+                               "measured again once replay is warm")
+
+    def state() -> dict[str, Any]:
+        return {**(extra_state() if extra_state is not None else {}), "reward_scale": rewards.state_dict()}
+
     path = prepare_run_dir(cfg, run_dir)
-    book = Bookkeeper(cfg, path, built, extra_state=extra_state, replay=replay, extra_files=extra_files)
+    book = Bookkeeper(cfg, path, built, extra_state=state, replay=replay, extra_files=extra_files)
     if point is not None:
         book.resume(point)
         who = f"{label}: " if label else ""
@@ -83,7 +99,7 @@ def open_run(cfg: Config, run_dir: str | Path | None, spec: Mapping[str, tuple[n
             log.warning("%sthe resume is not exact: %s", who, "; ".join(point.notes))
         else:
             log.info("%sthe resume is exact: agent, RNGs, envs, pending n-step transitions and replay restored", who)
-    return Run(path, replay, book, built, point)
+    return Run(path, replay, book, built, point, rewards)
 
 
 def make_replay_from(cfg: Config, spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None, *,

@@ -112,7 +112,8 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
     run = open_run(cfg, run_dir, task.batch_spec(), resume=resume, agent=agent,
                    restore=lambda point: _restore(point, loop, counters), extra_state=extra_state,
                    extra_files=lambda: {ENV_STATE_FILE: loop.snapshot()})
-    replay, book, path = run.replay, run.book, run.dir
+    replay, book, path, rewards = run.replay, run.book, run.dir, run.rewards
+    loop.reward_factor = rewards.factor
     evaluator.calls = counters.eval_calls
 
     tc, batch_size, cost = cfg.trainer, cfg.agent.batch_size, book.cost
@@ -140,10 +141,13 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
                     t1 = time.perf_counter()
                     if acted.transitions is not None:
                         replay.add(acted.transitions)
+                        rewards.observe(acted.transitions)
                     cost.add("act", t1 - t0)
                     cost.add("insert", time.perf_counter() - t1)
                     if len(replay) < tc.warmup:
                         continue
+                    if rewards.settle_due and rewards.settle():
+                        loop.reward_factor = rewards.factor  # its priorities are computed with it
                     if on_policy is not None:  # a batch of segments, trained on for its passes
                         counters.opt_credit = float(on_policy.updates_ready(batch_size))
                     else:
@@ -152,7 +156,7 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
                 while counters.opt_credit >= 1.0 and not stop.set and not book.should_stop():
                     counters.opt_credit -= 1.0
                     t0 = time.perf_counter()
-                    batch = replay.sample(batch_size)
+                    batch = rewards.scale(replay.sample(batch_size))
                     t1 = time.perf_counter()
                     metrics, priorities = agent.update(batch)
                     t2 = time.perf_counter()
@@ -172,7 +176,8 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
             book.stop_reason = "interrupted"
         # before the envs close: their state is saved
         store = {"store": on_policy.summary()} if on_policy is not None else {}
-        summary = book.finish({"replay_size": len(replay), "replay_item": task.replay_item, **store})
+        summary = book.finish({"replay_size": len(replay), "replay_item": task.replay_item, **store,
+                               "reward_scale": rewards.factor, "reward_rms_measured": rewards.measured_rms})
         print_run_table(summary, path)
         return summary
     except BaseException:
