@@ -347,11 +347,12 @@ def test_envs_rows(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_smoke_run_of_the_whole_suite(tmp_path: Path) -> None:
     """Every group in one run of the suite, less the groups whose rows tests of their own run (replay and
-    envs above, fanin in test_bench_fanin.py, cnn in test_sprint.py, scale in test_scale.py): one process,
+    envs above, fanin in test_bench_fanin.py, cnn in test_sprint.py, scale in test_scale.py, rewards in
+    test_rewards_bench.py): one process,
     one work directory, rows in order."""
     out = tmp_path / "bench.json"
     started = time.monotonic()
-    groups = [name for name in registry.GROUPS if name not in ("replay", "envs", "fanin", "cnn", "scale")]
+    groups = [name for name in registry.GROUPS if name not in ("replay", "envs", "fanin", "cnn", "scale", "rewards")]
     code = bench.main(["--smoke", "--only", ",".join(groups), "--json", str(out), "--keep", str(tmp_path / "work")])
     elapsed = time.monotonic() - started
     rows = json.loads(out.read_text())

@@ -20,8 +20,10 @@ GROUPS: dict[str, str] = {  # name -> module whose run(ctx) returns the group's 
     "broadcast": "zmqrl.bench.broadcast",
     "startup": "zmqrl.bench.startup",
     "scaling": "zmqrl.bench.scaling",
+    "onpolicy": "zmqrl.bench.onpolicy",
     "scale": "zmqrl.bench.scale",
     "solve": "zmqrl.bench.solve",
+    "rewards": "zmqrl.bench.rewards",
 }
 
 

@@ -2,8 +2,8 @@
 
 ``zmqrl local`` vs ``zmqrl train`` for every config, and with ``--sb3`` vs Stable-Baselines3's
 peer of the config's algorithm on its env (rl-baselines3-zoo's hyperparameters) where
-:data:`SB3_PEERS` has one. SB3 runs in the interpreter ``--sb3-python`` names (its own venv): the
-suite itself never imports it.
+:data:`SB3_PEERS` has one, each peer with its own goal. SB3 runs in the interpreter ``--sb3-python``
+names (its own venv): the suite itself never imports it.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from zmqrl.config import Config
 from zmqrl.run.rundir import read_json
 from zmqrl.tools.plot import read_scalars
 
-CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml")
-SB3_GOAL = 0.5  # zmqrl local's median takes at most this share of SB3's median wall time
+CONFIGS = ("cartpole_dqn.yaml", "pendulum_sac.yaml", "cartpole_appo.yaml")
+SB3_GOAL = 0.5  # zmqrl local's median takes at most this share of SB3's median wall time (a peer may set its own)
 SAMPLE_GOAL = 2.0  # zmqrl local's median env steps to solve, at most this many times zmqrl train's
-SB3_EVAL_EVERY = 1000  # env steps between SB3's greedy evaluations (and, matched, as often as zmqrl's: sb3_cadences)
+SB3_EVAL_EVERY = 1000  # env steps between SB3's greedy evaluations (and the peer's own or matched: sb3_cadences)
 SB3_EVAL_EPISODES = 10
 
 
@@ -47,6 +47,10 @@ class Sb3Peer:
     steps: int  # rl-zoo's n_timesteps: the run stops there if it has not solved
     kwargs: dict[str, Any] = field(default_factory=dict)  # given to the class; everything else is SB3's default
     source: str = ""
+    n_envs: int = 1  # rl-zoo's n_envs: more than one trains on a vectorised env (make_vec_env)
+    eval_every: int | None = None  # env steps between evaluations in place of the matched cadence (an
+    #                                algorithm without train_freq/gradient_steps, such as PPO)
+    goal: float = SB3_GOAL  # zmqrl local's median wall time, at most this share of SB3's median
 
     def eval_every_matched(self, eval_interval: int) -> int:
         """Env steps between evaluations that see SB3's policy as often, in optimisation steps, as
@@ -70,7 +74,14 @@ SB3_PEERS: dict[tuple[str, str], Sb3Peer] = {  # (agent.algo, env.id) -> peer
     ("sac", "Pendulum-v1"): Sb3Peer("SAC", 20_000, {"learning_rate": 1e-3, "train_freq": 1, "gradient_steps": 1},
                                     "rl-zoo SAC Pendulum-v1: lr 1e-3, otherwise SB3's defaults (named: one "
                                     "gradient step every env step)"),
+    ("appo", "CartPole-v1"): Sb3Peer(
+        "PPO", 100_000, {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+                         "ent_coef": 0.0, "learning_rate": "lin_1e-3", "clip_range": "lin_0.2"},
+        "rl-zoo PPO CartPole-v1: 8 envs, n_steps 32, batch 256, 20 epochs, gamma 0.98, gae_lambda 0.8, "
+        "ent_coef 0, linear lr 1e-3 and clip 0.2 (moonshot: 0.5x its median)",
+        n_envs=8, eval_every=8192, goal=0.7),
 }
+LINEAR = "lin_"  # a kwarg "lin_X" is rl-zoo's linear schedule from X to 0 over the run (a callable in SB3)
 
 _SB3_SCRIPT = r'''
 import json, sys, time
@@ -80,6 +91,7 @@ torch.set_num_threads(1)
 import gymnasium as gym
 import stable_baselines3
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 spec = json.loads(sys.argv[1])
@@ -87,17 +99,30 @@ seed, target = spec["seed"], spec["target"]
 evals = []
 
 
+def linear(start):
+    """rl-zoo's linear schedule: ``start`` times the share of the run left."""
+    return lambda progress_remaining: progress_remaining * start
+
+
+prefix = spec["linear"]
+kwargs = {key: linear(float(value[len(prefix):])) if isinstance(value, str) and value.startswith(prefix) else value
+          for key, value in spec["kwargs"].items()}
+
+
 class StopAtReturn(BaseCallback):
-    """Greedy evaluation of N episodes every K steps; stop at the first mean >= target."""
+    """Greedy evaluation of N episodes every K env steps (all envs counted); stop at the first mean >= target."""
 
     def __init__(self):
         super().__init__()
         self.eval_env = gym.make(spec["env"])
         self.eval_env.reset(seed=seed + 1_000_000)
+        self.next_eval = spec["eval_every"]
 
     def _on_step(self):
-        if self.num_timesteps % spec["eval_every"]:
+        if self.num_timesteps < self.next_eval:
             return True
+        while self.next_eval <= self.num_timesteps:
+            self.next_eval += spec["eval_every"]
         mean, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=spec["eval_episodes"],
                                   deterministic=True)
         evals.append({"env_steps": self.num_timesteps, "return_mean": float(mean),
@@ -106,7 +131,8 @@ class StopAtReturn(BaseCallback):
 
 
 algo = getattr(stable_baselines3, spec["algo"])
-model = algo("MlpPolicy", gym.make(spec["env"]), seed=seed, device="cpu", verbose=0, **spec["kwargs"])
+env = make_vec_env(spec["env"], n_envs=spec["n_envs"], seed=seed) if spec["n_envs"] > 1 else gym.make(spec["env"])
+model = algo("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
 model.learn(total_timesteps=spec["steps"], callback=StopAtReturn())
 solved = next((e for e in evals if e["return_mean"] >= target), None)
 with open(spec["out"], "w") as fh:
@@ -167,18 +193,21 @@ def sb3_interpreter(c: Context) -> str | None:
 
 
 def sb3_cadences(peer: Sb3Peer, eval_interval: int) -> list[int]:
-    """SB3's evaluation cadences in env steps: every SB3_EVAL_EVERY, and as often as the zmqrl config
-    evaluates (:meth:`Sb3Peer.eval_every_matched`) where that differs. Frequent evaluation finds the
-    first solving model sooner but, run inline, stops SB3's training while it runs; the rows take
-    whichever cadence gives SB3 the lower median."""
-    return sorted({SB3_EVAL_EVERY, peer.eval_every_matched(eval_interval)})
+    """SB3's evaluation cadences in env steps: every SB3_EVAL_EVERY, and the peer's own
+    (:attr:`Sb3Peer.eval_every`) or else as often as the zmqrl config evaluates
+    (:meth:`Sb3Peer.eval_every_matched`) where that differs. Frequent evaluation finds the first
+    solving model sooner but, run inline, stops SB3's training while it runs; the rows take whichever
+    cadence gives SB3 the lower median."""
+    own = peer.eval_every if peer.eval_every is not None else peer.eval_every_matched(eval_interval)
+    return sorted({SB3_EVAL_EVERY, own})
 
 
 def _sb3_once(c: Context, python: str, peer: Sb3Peer, env_id: str, target: float, tag: str, seed: int,
               eval_every: int) -> SolveRun:
     out = c.path(f"sb3-{tag}-{seed}-every{eval_every}.json")
-    spec = {"algo": peer.algo, "env": env_id, "kwargs": peer.kwargs, "steps": peer.steps, "seed": seed,
-            "target": target, "eval_every": eval_every, "eval_episodes": SB3_EVAL_EPISODES, "out": str(out)}
+    spec = {"algo": peer.algo, "env": env_id, "kwargs": peer.kwargs, "linear": LINEAR, "n_envs": peer.n_envs,
+            "steps": peer.steps, "seed": seed, "target": target, "eval_every": eval_every,
+            "eval_episodes": SB3_EVAL_EPISODES, "out": str(out)}
     with Procs(c.logs) as procs:
         start = time.monotonic()
         proc = procs.start(f"sb3-{tag}-{seed}-every{eval_every}", [python, "-c", _SB3_SCRIPT, json.dumps(spec)])
@@ -252,33 +281,35 @@ def measure(c: Context, path: Path) -> list[Row]:
 
 def _versus_sb3(c: Context, cfg: Config, path: Path, tag: str, target: float, what: str,
                 local: list[SolveRun]) -> list[Row]:
-    """The median row (goal <= SB3_GOAL of SB3's median) and the slowest-seed row (no slower than SB3's median)."""
+    """The median row (goal <= the peer's goal, a share of SB3's median) and the slowest-seed row (no slower than
+    SB3's median)."""
     name, slowest_name = f"solve_{tag}_local_vs_sb3", f"solve_{tag}_local_slowest_vs_sb3"
     peer = SB3_PEERS.get((cfg.agent.algo, cfg.env.id))
     python = sb3_interpreter(c) if peer is not None else None
     reason = (f"no Stable-Baselines3 peer for {cfg.agent.algo} on {cfg.env.id}" if peer is None
               else "stable-baselines3 not installed (--sb3-python)" if python is None else "")
     if peer is None or python is None:
-        return [skipped_row(name, "s", reason, ("<=", SB3_GOAL)), skipped_row(slowest_name, "s", reason, ("<=", 1.0))]
+        goal = peer.goal if peer is not None else SB3_GOAL
+        return [skipped_row(name, "s", reason, ("<=", goal)), skipped_row(slowest_name, "s", reason, ("<=", 1.0))]
     by_cadence = {every: [_sb3_once(c, python, peer, cfg.env.id, target, tag, seed, every)
                           for seed in range(c.settings.seeds)]
                   for every in sb3_cadences(peer, cfg.trainer.eval_interval)}
     every, sb3 = min(by_cadence.items(), key=lambda item: median([r.wall_s for r in item[1]]))
     runs = "; ".join(f"every {e:,} steps: {_describe(r)}" for e, r in by_cadence.items())
     note = (f"{what}; `zmqrl local` evaluates every {cfg.trainer.eval_interval:,} optimisation steps: "
-            f"{_describe(local)}; SB3 {peer.algo} ({peer.source}), greedy eval of {SB3_EVAL_EPISODES} episodes, "
-            f"at most {peer.steps:,} steps, against its faster cadence (every {every:,} steps): {runs}; "
-            f"never met while a zmqrl run is unsolved")
-    return sb3_rows(tag, local, sb3, note)
+            f"{_describe(local)}; SB3 {peer.algo} ({peer.source}), {peer.n_envs} env(s), greedy eval of "
+            f"{SB3_EVAL_EPISODES} episodes, at most {peer.steps:,} steps, against its faster cadence (every "
+            f"{every:,} steps): {runs}; never met while a zmqrl run is unsolved")
+    return sb3_rows(tag, local, sb3, note, peer.goal)
 
 
-def sb3_rows(tag: str, local: list[SolveRun], sb3: list[SolveRun], note: str) -> list[Row]:
-    """``zmqrl local``'s median wall time against SB3's (goal <= SB3_GOAL), and its slowest seed against
+def sb3_rows(tag: str, local: list[SolveRun], sb3: list[SolveRun], note: str, goal: float = SB3_GOAL) -> list[Row]:
+    """``zmqrl local``'s median wall time against SB3's (goal <= ``goal``), and its slowest seed against
     SB3's median (goal <= 1); neither is met while a ``zmqrl local`` run is unsolved."""
     sb3_s = median([r.wall_s for r in sb3])
     local_done = all(r.solved for r in local)
     return [make_row(f"solve_{tag}_local_vs_sb3", median([r.wall_s for r in local]), sb3_s, "s", f"medians; {note}",
-                     ("<=", SB3_GOAL), complete=local_done),
+                     ("<=", goal), complete=local_done),
             make_row(f"solve_{tag}_local_slowest_vs_sb3", max(r.wall_s for r in local), sb3_s, "s",
                      f"the slowest `zmqrl local` seed vs SB3's median; {note}", ("<=", 1.0), complete=local_done)]
 
