@@ -41,8 +41,9 @@ def _run(tmp_path: Path, procs: Procs, config: str, role_args: list[str], seed: 
     summary = read_json(run_dir / "summary.json")
     assert summary is not None
     assert "stop_return" in summary["stop_reason"], (summary["stop_reason"], summary["evals"])
-    first = summary["evals"][0]["return_mean"]
-    assert first < 0.8 <= summary["best_eval_return"], summary["evals"]
+    # learned, not given: a random policy scores about -0.7, and the solving evaluation came after updates
+    # (a run may solve at its first evaluation, 250 updates in)
+    assert summary["best_eval_return"] >= 0.8 and summary["solved"]["opt_steps"] > 0, summary["evals"]
     print(f"{Path(config).name} {role_args[0]} seed {seed}: {summary['best_eval_return']:.1f} at "
           f"{summary['solved']['env_steps']} env steps, {time.monotonic() - started:.0f}s wall")
     return summary
