@@ -16,6 +16,7 @@ import zmq
 from zmqrl.roles.publisher import ControlState, Publisher
 from zmqrl.roles.ratelimit import Allowances
 from zmqrl.roles.snapshots import SnapshotServer
+from zmqrl.run.rewards import CONTROL_KEY, control_factor
 from zmqrl.wire import (
     CONTROL,
     CONTROL_TOPIC,
@@ -215,6 +216,20 @@ def test_control_is_small_and_apart_from_models_and_each_message_made_is_one_gra
     assert pub.finish("reached max_opts=10", timeout=5)
     assert control.read(0.3)[-1].meta["done"] == "reached max_opts=10"
     assert len(models.read(0.0)) == 1
+
+
+def test_control_names_the_learners_reward_factor_for_the_actors_priorities(
+        publisher: tuple[Publisher, str], zctx: zmq.Context) -> None:
+    pub, address = publisher
+    control = Listener(zctx, address, CONTROL_TOPIC)
+    wait_for(lambda: pub.control_joins == 1, 5, "the subscription")
+    pub.post_control(ControlState(allowance=800), grant=True)
+    pub.post_control(ControlState(allowance=800, reward_scale=0.0125), grant=True)
+    got = control.read(0.3)
+    assert [control_factor(m.meta) for m in got] == [1.0, 0.0125]  # a factor of 1 is not sent
+    assert CONTROL_KEY not in got[0].meta and got[1].meta[CONTROL_KEY] == 0.0125
+    assert pub.finish("stopped", timeout=5)
+    assert control.read(0.3)[-1].meta[CONTROL_KEY] == 0.0125  # kept to the end
 
 
 def test_a_topic_carries_only_its_own_kind() -> None:

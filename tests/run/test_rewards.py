@@ -16,6 +16,7 @@ import pytest
 from zmqrl import config
 from zmqrl.bench.reward_wrappers import SCALES
 from zmqrl.config import ConfigError, EnvConfig
+from zmqrl.replay import make_replay
 from zmqrl.run.checkpoint import CheckpointError
 from zmqrl.run.rewards import CONTROL_KEY, RewardScale, control_factor
 from zmqrl.run.train import train
@@ -68,6 +69,30 @@ def test_padding_is_not_measured_and_a_reward_free_warm_up_waits() -> None:
     assert rs.measured_rms == pytest.approx(math.sqrt(18 / 102))  # the masked 50s are padding
     rs.observe(stored(np.full(10, 1e6)))  # measured once: later rewards do not move the factor
     assert rs.factor == pytest.approx(1 / math.sqrt(18 / 102))
+
+
+def test_warm_up_priorities_are_levelled_so_every_scale_starts_alike() -> None:
+    """Actors sent warm-up priorities at the env's scale (they did not know the factor): after the measurement
+    every stored item has the same priority, so a task paid x100 samples as one paid x1 does."""
+    leaves = {}
+    for scale in (1.0, 100.0):
+        replay = make_replay(256, prioritized=True, seed=3)
+        rewards = np.random.default_rng(1).normal(1.0, 0.5, size=200)
+        batch = {"obs": np.zeros((200, 4), np.float32), "reward": (rewards * scale).astype(np.float32)}
+        replay.add(batch, priorities=np.abs(batch["reward"]) + np.arange(200) * scale)
+        rs = RewardScale(EnvConfig(reward_scale="auto", reward_rms=2.0))
+        rs.observe(batch)
+        before = replay.tree.get(np.arange(200))
+        assert rs.settle()
+        rs.level_priorities(replay)
+        leaves[scale] = replay.tree.get(np.arange(200))
+        assert before.max() > 10 * before.min() and np.ptp(leaves[scale]) == 0.0
+    np.testing.assert_array_equal(leaves[1.0], leaves[100.0])
+    fixed = make_replay(16, prioritized=True, seed=3)
+    fixed.add({"obs": np.zeros((4, 4), np.float32), "reward": np.ones(4, np.float32)}, priorities=np.arange(1.0, 5.0))
+    kept = fixed.tree.get(np.arange(4))
+    RewardScale(EnvConfig(reward_scale=0.5, reward_rms=2.0)).level_priorities(fixed)  # a fixed factor: left alone
+    np.testing.assert_array_equal(fixed.tree.get(np.arange(4)), kept)
 
 
 def test_a_fixed_factor_far_from_the_configs_scale_warns_naming_the_keys(caplog: pytest.LogCaptureFixture) -> None:

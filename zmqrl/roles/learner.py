@@ -485,7 +485,8 @@ class Learner(RoleProcess):
                 self._settle()  # the summary counts every step taken, its priorities written
                 self.book.write_summary(self.summary_extra())
             ready, warm = self.agent_ready(), len(self.replay) >= tc.warmup
-            if warm and self.rewards.settle_due and self.rewards.settle("learner: ") and self.rewards.factor != 1.0:
+            if warm and self.rewards.settle_due and self.rewards.settle("learner: "):
+                self.rewards.level_priorities(self.replay)  # (no step pending: the first comes after warm-up)
                 self._ask()  # actors compute their priorities with the factor
             starving = not (warm and ready)
             throttled = self.limiter.throttled(self._steps_taken())

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from zmqrl.config import EnvConfig
+from zmqrl.replay import PrioritizedReplay
 
 AUTO = "auto"
 FAR = 10.0  # a reward RMS more than this many times from env.reward_rms (either way) draws a warning
@@ -101,6 +102,16 @@ class RewardScale:
                         "and may learn slowly or not at all; set env.reward_scale: auto (or a factor near %.3g)",
                         who, seen, rms, self.factor, self.target, self.target / rms)
         return True
+
+    def level_priorities(self, replay: object) -> None:
+        """After an ``auto`` measurement: every item stored so far gets the same priority, the config's reward
+        scale. Their priorities came from actors that did not know the factor yet (TD errors at the env's
+        scale): left so, a task paid x100 would draw its warm-up items about 16 times as often as the items
+        that follow (alpha 0.6), one paid x0.01 hardly at all; levelled, every scale starts alike."""
+        if not self.auto or self.measured_rms is None or not isinstance(replay, PrioritizedReplay) or not len(replay):
+            return
+        n = len(replay)
+        replay.update_priorities(np.arange(n), np.full(n, self.target if self.target is not None else 1.0))
 
     def scale(self, batch: dict[str, Any]) -> dict[str, Any]:
         """A sampled batch with its rewards multiplied by the factor."""

@@ -147,6 +147,7 @@ def _train(cfg: Config, run_dir: str | Path | None, resume: bool, task: Task, ag
                     if len(replay) < tc.warmup:
                         continue
                     if rewards.settle_due and rewards.settle():
+                        rewards.level_priorities(replay)
                         loop.reward_factor = rewards.factor  # its priorities are computed with it
                     if on_policy is not None:  # a batch of segments, trained on for its passes
                         counters.opt_credit = float(on_policy.updates_ready(batch_size))
