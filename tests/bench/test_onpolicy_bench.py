@@ -58,7 +58,7 @@ def test_onpolicy_rows(tmp_path: Path) -> None:
     out = tmp_path / "onpolicy.json"
     assert bench.main(["--only", "onpolicy", "--smoke", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    names = ["local_vs_bare", "local_vs_update_rate", "kept_under_lag_bound", "trained_lag"]
+    names = ["local_vs_bare", "local_vs_update_rate", "kept_under_lag_bound", "trained_lag", "1epoch_local_vs_bare"]
     assert [r["name"] for r in rows] == [f"onpolicy_cartpole_appo_{n}" for n in names]
     by_name = {r["name"].removeprefix("onpolicy_cartpole_appo_"): r for r in rows}
     for row in rows:
@@ -70,7 +70,9 @@ def test_onpolicy_rows(tmp_path: Path) -> None:
     assert job["goal"] == ">= 0.8" and job["met"] is not None and job["unit"] == "env steps/s"
     assert "--no-evaluator" in job["note"] and "NumpyActorCriticPolicy" in job["note"]
     assert len(re.findall(r"actor-\d [\d,]+/s, paused \d+% of the run", job["note"])) == 2, job["note"]
-    assert all(r["goal"] is None and r["met"] is None for r in rows[1:])  # reported only
+    assert all(r["goal"] is None and r["met"] is None for r in rows[1:4])  # reported only
+    one = by_name["1epoch_local_vs_bare"]  # the same job, one pass a batch: against the same bare loop
+    assert one["goal"] == ">= 0.8" and one["baseline"] == job["baseline"] and "agent.epochs=1" in one["note"]
     room = by_name["local_vs_update_rate"]
     assert room["measured"] == job["measured"] and "updates/s" in room["note"]
     assert room["ratio"] < 1.5, room  # the actors cannot outrun what the learner takes in by much (queue, overflow)

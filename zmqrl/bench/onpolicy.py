@@ -23,16 +23,21 @@ CONFIG = "cartpole_appo.yaml"
 ACTORS = 2  # `zmqrl local`'s default
 JOB_S = {"full": 40.0, "quick": 15.0, "smoke": 8.0}  # trainer.max_seconds of the job (it may end at max_opts first)
 GOAL = 0.8  # the job's env steps/s, at least this share of the bare loop's
+# The same job with one pass over each batch (IMPALA's way): a learner that is not the limit, so the row says
+# what the acting, the wire and the queue cost
+ONE_PASS = ("1epoch", ("agent.epochs=1",))
 
 
-def job_window(c: Context, path: Path, seconds: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def job_window(c: Context, path: Path, seconds: float, sets: tuple[str, ...] = (),
+               tag: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
     """The learner summaries of ``zmqrl local --actors 2 --no-evaluator`` (no stop return, ``seconds`` at
-    most) that open and close its measured window: the first with training under way, and the last."""
-    run_dir = c.path(f"onpolicy-{path.stem}")
+    most, ``sets`` more overrides) that open and close its measured window: the first with training under
+    way, and the last."""
+    run_dir = c.path(f"onpolicy-{path.stem}{'-' + tag if tag else ''}")
     summary_path = run_dir / "summary.json"
     argv = zmqrl_argv("local", str(path), "--actors", str(ACTORS), "--no-evaluator", "--run-dir", str(run_dir),
                       "--set", "run.seed=0", "--set", "trainer.stop_return=null",
-                      "--set", f"trainer.max_seconds={seconds:g}")
+                      "--set", f"trainer.max_seconds={seconds:g}", *(a for o in sets for a in ("--set", o)))
     first: dict[str, Any] | None = None
     with Procs(c.logs) as procs:
         procs.sweep_args.append(str(run_dir))
@@ -128,11 +133,31 @@ def measure(c: Context, path: Path) -> list[Row]:
     room_note = (f"the job's env steps/s (the row onpolicy_{tag}_local_vs_bare) vs the env steps/s its learner's "
                  f"update rate takes in: {learner} (an upper bound: a segment whose episode ended early is shorter); "
                  f"near 1, the actors keep up with the learner and wait for it (paused while its queue is full)")
-    return [make_row(f"onpolicy_{tag}_local_vs_bare", env_rate, bare, "env steps/s", rate_note, (">=", GOAL)),
+    rows = [make_row(f"onpolicy_{tag}_local_vs_bare", env_rate, bare, "env steps/s", rate_note, (">=", GOAL)),
             make_row(f"onpolicy_{tag}_local_vs_update_rate", env_rate, room, "env steps/s", room_note),
             make_row(f"onpolicy_{tag}_kept_under_lag_bound", added - dropped, added, "segments", drop_note),
             make_row(f"onpolicy_{tag}_trained_lag", store.get("trained_lag_mean"), tc.max_policy_lag, "versions",
                      lag_note)]
+    return rows + one_pass(c, path, tag, bare, policy)
+
+
+def one_pass(c: Context, path: Path, tag: str, bare: float, policy: str) -> list[Row]:
+    """The job again with ``agent.epochs=1`` (:data:`ONE_PASS`) against the same bare loop (goal >= GOAL): where
+    the learner keeps up, what the rest of the job costs."""
+    name, sets = ONE_PASS
+    first, last = job_window(c, path, JOB_S.get(c.settings.mode, JOB_S["full"]), sets, name)
+    span = last["wall_s"] - first["wall_s"]
+    env_rate = (last["env_steps"] - first["env_steps"]) / span
+    update_rate = (last["opt_steps"] - first["opt_steps"]) / span
+    ac = load_config(path, *sets).agent
+    assert isinstance(ac, ImpalaConfig)  # (measure checked the config)
+    room = update_rate * ac.batch_size * ac.unroll_length / ac.epochs
+    note = (f"`zmqrl local {path.name} --actors {ACTORS} --no-evaluator` with {', '.join(sets)} (one pass over each "
+            f"batch, as IMPALA), trainer.stop_return=null, stopped by {last.get('stop_reason')} at "
+            f"{last['wall_s']:.1f} s; window {first['wall_s']:.1f}-{last['wall_s']:.1f} s; {_per_actor(first, last)}; "
+            f"the learner: {update_rate:.0f} updates/s, room for {room:,.0f} env steps/s; baseline: the bare loop of "
+            f"the row onpolicy_{tag}_local_vs_bare ({policy})")
+    return [make_row(f"onpolicy_{tag}_{name}_local_vs_bare", env_rate, bare, "env steps/s", note, (">=", GOAL))]
 
 
 def run(c: Context) -> list[Row]:
