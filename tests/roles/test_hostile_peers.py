@@ -453,7 +453,10 @@ def test_an_actor_that_ignores_pauses_gets_no_more_than_its_allowance(tmp_path: 
     assert 0 < rogue <= in_flight and honest > 0, (rogue, honest)
     refused = summary["messages"]["over_allowance_transitions"]  # (the last on their way still queued)
     assert refused >= 0.9 * (seq * 64 - rogue), (refused, seq * 64 - rogue)
-    assert summary["samples_per_insert"] >= 4.0, summary["samples_per_insert"]
+    # the rate limiter holds: what got in is trained on at its ratio again within seconds (the in-flight
+    # batches need ~130 updates; the flood above, let in, would need hundreds of thousands). Read at the
+    # refusal itself, the ratio may still lag on two loaded cores (3.7 once).
+    learner.wait_summary(lambda s: s["samples_per_insert"] >= 4.0, "samples per insert back at 4+", 30)
     assert learner.stop() == 0
     push.close()
 
