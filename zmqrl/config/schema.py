@@ -50,7 +50,7 @@ class EnvConfig:
     batch: int = 0  # EnvPool: act for the `batch` envs that are ready while the rest step (async); 0: all, each step
     fn: str = ""  # callables file of an env factory (run_local(cfg, env=...) writes it); env.id is then a label
     wrappers_fn: str = ""  # a callables file of wrappers, each env -> env, applied after env.wrappers
-    reward_scale: float | str = 1.0  # rewards times this at each update (records stay the game's); auto: to reward_rms
+    reward_scale: float | str = 1.0  # rewards times this at each update (returns stay the game's); auto: to reward_rms
     reward_rms: float | None = None  # RMS of stored rewards the config was tuned at: auto's target; 10x off warns
 
 
