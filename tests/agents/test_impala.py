@@ -19,7 +19,7 @@ from zmqrl.bench.data import acted_items
 from zmqrl.config import ConfigError
 from zmqrl.replay.onpolicy import SegmentQueue
 from zmqrl.replay.uniform import UniformReplay
-from zmqrl.run.acting import make_task
+from zmqrl.run.acting import ActingLoop, make_task
 from zmqrl.run.startup import make_replay_from
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,6 +168,46 @@ def test_behaviour_log_probs_are_bounded_by_what_the_policy_can_give() -> None:
     pend = config.load(CARTPOLE_APPO, ["env.id=Pendulum-v1", "agent.log_std_min=-2"])
     bound = logp_bound(pend.agent, gym.spaces.Box(-2, 2, (1,)))  # type: ignore[arg-type]
     assert bound == pytest.approx(-0.5 * np.log(2 * np.pi) + 2.0)
+
+
+def test_a_gaussian_whose_mean_left_the_box_still_sends_segments_the_learner_takes() -> None:
+    """A Gaussian's action is its sample: the env gets it clipped to the Box, the segment keeps the sample and its
+    log-probability. Logged clipped, a mean 30 Box widths out gave log-probabilities below -1000 and the intake
+    refused every segment (HalfCheetah after ~5 minutes)."""
+    cfg = config.load(REPO / "configs" / "pendulum_appo.yaml", ["env.num_envs=2", "agent.unroll_length=8"])
+    task = make_task(cfg)
+    params = task.initial_params()
+    assert params is not None
+    params = {**params, "mean.bias": np.array([120.0], np.float32), "log_std": np.array([-1.0], np.float32)}
+    policy = task.policy(0, backend="numpy")
+    policy.load_params(params)
+    loop = ActingLoop(cfg, policy, task.exploration(0), seed=0)
+    to_env: list[np.ndarray] = []
+    step = loop.stepper.step
+    loop.stepper.step = lambda action: (to_env.append(action.copy()), step(action))[1]  # type: ignore[method-assign]
+    items: list[dict[str, np.ndarray]] = []
+    try:
+        while len(items) < 4:
+            acted = loop.step()
+            if acted.transitions is not None:
+                items.append(acted.transitions)
+    finally:
+        loop.close()
+    assert all(np.abs(a).max() <= 2.0 for a in to_env)  # the env's torque bound
+    real = np.concatenate([i["mask"] for i in items]) == 1
+    action = np.concatenate([i["action"] for i in items])[real]
+    logp = np.concatenate([i["logp"] for i in items])[real]
+    assert action.min() > 100.0  # the samples, not the clipped torque
+    limits = task.value_limits()
+    for key in ("action", "logp"):
+        values = np.concatenate([i[key] for i in items])
+        assert limits[key][0] <= values.min() and values.max() <= limits[key][1], (key, values.min(), values.max())
+    assert logp.min() > -10.0  # near the policy's entropy; logged at the clipped action it was about -51,000
+    agent = task.agent(seed=0)
+    agent.load_params(params)
+    obs = np.concatenate([i["obs"] for i in items])[real]
+    torch_logp, _ = agent.log_probs(agent.policy(torch.as_tensor(obs)), torch.as_tensor(action))
+    np.testing.assert_allclose(logp, torch_logp.detach().numpy(), atol=1e-3)  # the learner's arithmetic agrees
 
 
 # --------------------------------------------------------------------------------------------- policies, update

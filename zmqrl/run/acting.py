@@ -160,6 +160,7 @@ class ActingLoop:
         self.recurrent = policy if isinstance(policy, RecurrentPolicy) else None
         # an on-policy algorithm's segments: this many steps, each with its behaviour log-probability
         self.segment_length = algorithm(cfg.agent.algo).segment_length(cfg)
+        self._env_bounds: tuple[np.ndarray, np.ndarray] | None = None  # an on-policy Box policy's: the env's clip
         self.adder: NStepBuilder | SequenceAdder
         if self.segment_length:
             if not isinstance(policy, RecordsLogProbs):
@@ -167,6 +168,10 @@ class ActingLoop:
                                 f"its policy {type(policy).__name__} does not record them (RecordsLogProbs)")
             self.adder = SequenceAdder(self.num_envs, 0, self.segment_length, 0, cfg.agent.gamma)
             self._logp = np.zeros(self.num_envs, dtype=np.float32)  # per env: that of the action it last took
+            # a Gaussian policy's action is its sample, kept with its log-probability; the env gets it clipped
+            space = getattr(getattr(self.stepper, "vec", None), "single_action_space", None)
+            if isinstance(space, gym.spaces.Box):
+                self._env_bounds = (np.asarray(space.low), np.asarray(space.high))
         elif self.recurrent is None:
             self.adder = NStepBuilder(self.num_envs, cfg.agent.n_step, cfg.agent.gamma)
         else:
@@ -204,7 +209,11 @@ class ActingLoop:
         if self.segment_length:
             assert isinstance(self.policy, RecordsLogProbs)
             self._logp[slice(None) if acted is None else acted] = self.policy.acted_log_probs()
-        step = self.stepper.step(action)
+        if self._env_bounds is None:
+            step = self.stepper.step(action)
+        else:  # the env takes the sample clipped to its Box; the segment keeps the sample its logp is of
+            step = self.stepper.step(np.clip(action, *self._env_bounds).astype(action.dtype, copy=False))
+            step.action = action
         taken = len(step.reward) if step.valid is None else int(step.valid.sum())
         self.env_steps += taken
         if self.recurrent is not None or self.segment_length:

@@ -40,6 +40,7 @@ from zmqrl.config import Config, ConfigError
 if TYPE_CHECKING:
     from zmqrl.core import Agent, Params, Policy, ReplayBuffer
 
+SAMPLE_REACH = 1e4  # Box widths beyond the Box a Gaussian's sampled action may lie (the intake's bound)
 SAMPLED = Exploration("sampled", lambda _steps: 1.0, "actions drawn from the policy")
 
 
@@ -145,6 +146,12 @@ class Impala(Algorithm):
         policy (a probability is at most 1), a Gaussian's density at its mean with the smallest std allowed."""
         limits = {k: v for k, v in super().value_limits(cfg, obs_space, action_space).items() if k != "next_obs"}
         limits = {**limits, "mask": (0.0, 1.0), "logp": (LOGP_MIN, logp_bound(self.agent_config(cfg), action_space))}
+        if isinstance(action_space, gym.spaces.Box) and "action" in limits:
+            # a Gaussian's action is its sample, which may lie beyond the Box the env clips it to: bounded
+            # only against absurd values (no honest policy's mean wanders 10,000 Box widths away)
+            low, high = limits["action"]
+            reach = SAMPLE_REACH * (high - low)
+            limits["action"] = (low - reach, high + reach)
         if self.agent_config(cfg).lstm_size:  # an LSTM's h lies in [-1, 1]; |c| grows by less than 1 a step
             limits.update({"state_h": (-1.0, 1.0), "state_c": (-STATE_C_LIMIT, STATE_C_LIMIT)})
         return limits

@@ -188,8 +188,7 @@ class ActorCriticPolicy:
             action = (torch.log_softmax(head, -1) - torch.log(-torch.log(u))).argmax(-1)
         else:
             noise = torch.randn(head.shape, generator=self.generator, device=self.device)
-            action = torch.minimum(torch.maximum(head + self.policy.clamped_log_std().exp() * noise, self.low),
-                                   self.high)
+            action = head + self.policy.clamped_log_std().exp() * noise  # the sample: the loop clips it for the env
         logp, _ = self.log_probs(head, action)
         self._logp = logp.float().cpu().numpy()
         if self.discrete:

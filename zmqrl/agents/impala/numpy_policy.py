@@ -2,9 +2,12 @@
 
 The policy network is an MLP torso (``torso``: Linear and tanh or ReLU layers) and a head: for
 Discrete actions ``logits`` (a categorical policy), for Box actions ``mean`` and a state-independent
-``log_std`` (a Gaussian, its samples clipped to the Box for the env; the log-density is that of the
-clipped action, the same arithmetic in the actor and the learner, so importance weights compare like
-with like). The value network lives on the learner alone. Parameters keep the torch modules' names
+``log_std`` (a Gaussian). A Gaussian's action is the sample itself, kept with its log-density (as SB3's
+and CleanRL's PPO do); the acting loop clips it to the Box for the env alone. The log-density of a clipped
+action would fall without bound as the mean leaves the Box (the mass beyond a bound all lands on it), and
+the intake rightly refuses log-probabilities no policy should draw; a sample's log-density stays near
+the policy's own entropy. The learner computes the same arithmetic on the same action, so importance
+weights compare like with like. The value network lives on the learner alone. Parameters keep the torch modules' names
 and shapes (:func:`policy_param_shapes`), so the learner publishes the same arrays to either backend.
 
 Actions are drawn from the policy in every actor (no ε): an on-policy algorithm explores by the
@@ -173,10 +176,9 @@ class NumpyActorCriticPolicy:
             self._logp = np.take_along_axis(logp_all, action[:, None], axis=1)[:, 0].astype(np.float32)
             return action.astype(np.int64)  # type: ignore[no-any-return]
         std = np.exp(self.log_std)
-        sample = out + std * self.rng.standard_normal(out.shape, dtype=np.float32)
-        action = np.clip(sample, self.low, self.high).astype(np.float32)
-        self._logp = gaussian_logp(action, out, self.log_std)
-        return action.astype(self.dtype, copy=False)  # type: ignore[no-any-return]
+        sample = (out + std * self.rng.standard_normal(out.shape, dtype=np.float32)).astype(np.float32)
+        self._logp = gaussian_logp(sample, out, self.log_std)
+        return sample.astype(self.dtype, copy=False)  # type: ignore[no-any-return]
 
     def acted_log_probs(self) -> np.ndarray:
         """The log-probability of each action the last :meth:`act` call drew (float32, one per row)."""
