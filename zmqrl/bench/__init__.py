@@ -25,7 +25,15 @@ scaling            env steps/s of ``zmqrl local`` with N actors vs 1 actor      
                    and on HalfCheetah (SAC) vs a bare loop of the same env            (none)
 solve              time to the config's stop return: ``zmqrl local`` vs ``train``     (none)
                    (and vs Stable-Baselines3's peer with ``--sb3``), per config       <= 0.5
-                   (CartPole DQN, Pendulum SAC)
+                   (CartPole DQN, Pendulum SAC; CartPole APPO vs SB3's PPO)           <= 0.7
+onpolicy           env steps/s of an APPO ``zmqrl local`` job vs a bare acting loop   >= 0.8
+                   (shipped, and with one pass a batch); segments dropped for lag     (none)
+scale              1,024 simulated actors on 64 relays: bytes per version, intake,    (several)
+                   reach of a version and of a pause, joiners, memory, fairness
+rewards            time to solve with rewards x0.01 and x100 vs as shipped, per       <= 1.5
+                   config (CartPole DQN, IQN, APPO; POMDP R2D2; Pendulum SAC)
+cheetah            HalfCheetah APPO's greedy return after 10 minutes vs SB3's PPO     >= 1.5
+                   (``--sb3`` only)
 =================  =================================================================  ============
 
     zmqrl bench                       # everything

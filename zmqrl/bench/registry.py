@@ -24,6 +24,7 @@ GROUPS: dict[str, str] = {  # name -> module whose run(ctx) returns the group's 
     "scale": "zmqrl.bench.scale",
     "solve": "zmqrl.bench.solve",
     "rewards": "zmqrl.bench.rewards",
+    "cheetah": "zmqrl.bench.cheetah",
 }
 
 
