@@ -17,7 +17,6 @@ The two runs take 2 x ``solve_budget_s`` (20 minutes in a full run); the group r
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from zmqrl.bench.harness import (
@@ -28,6 +27,7 @@ from zmqrl.bench.harness import (
     load_config,
     make_row,
     skipped_row,
+    timed_launcher,
     wait_launcher,
     zmqrl_argv,
 )
@@ -105,15 +105,7 @@ def _zmqrl_run(c: Context, budget_s: float, interval: int) -> dict[str, Any]:
     run_dir = c.path("cheetah-local")
     argv = zmqrl_argv("local", str(path), "--actors", "2", "--run-dir", str(run_dir),
                       "--set", f"trainer.max_seconds={budget_s:g}", "--set", f"trainer.eval_interval={interval}")
-    with Procs(c.logs) as procs:
-        procs.sweep_args.append(str(run_dir))
-        start = time.monotonic()
-        proc = procs.start("cheetah-local", argv)
-        code = wait_launcher(proc, budget_s + 120.0)
-        wall = time.monotonic() - start
-    summary = read_json(run_dir / "summary.json")
-    if summary is None:
-        raise proc.failure(f"zmqrl local exited with code {code} and no summary.json")
+    wall, summary = timed_launcher(c, "cheetah-local", argv, run_dir, budget_s + 120.0)
     return {**summary, "launcher_s": wall}
 
 

@@ -300,6 +300,22 @@ def wait_launcher(proc: Proc, timeout_s: float) -> int:
     return proc.stop(15.0) if code is None else code
 
 
+def timed_launcher(c: Context, name: str, argv: list[str], run_dir: Path,
+                   timeout_s: float) -> tuple[float, dict[str, Any]]:
+    """Run a launcher (``zmqrl local``/``train``) writing to ``run_dir``, stopped after ``timeout_s``: its wall
+    time from launch to exit and its ``summary.json`` (a failure naming the exit code where there is none)."""
+    with Procs(c.logs) as procs:
+        procs.sweep_args.append(str(run_dir))
+        start = time.monotonic()
+        proc = procs.start(name, argv)
+        code = wait_launcher(proc, timeout_s)
+        wall = time.monotonic() - start
+    summary = read_json(run_dir / "summary.json")
+    if summary is None:
+        raise proc.failure(f"zmqrl {argv[3]} exited with code {code} and no summary.json")  # (argv: zmqrl_argv's)
+    return wall, summary
+
+
 def child_result(proc: Proc, out: Path, timeout_s: float) -> dict[str, Any]:
     """Wait for a helper to exit and return what it wrote to ``out``."""
     code = proc.wait(timeout_s)

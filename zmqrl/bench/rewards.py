@@ -12,23 +12,20 @@ hits its cap counts at its wall time and the row is not met.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from zmqrl.bench.harness import (
     BenchError,
     Context,
-    Procs,
     Row,
     load_config,
     make_row,
     median,
-    wait_launcher,
+    timed_launcher,
     zmqrl_argv,
 )
 from zmqrl.bench.reward_wrappers import SCALES
-from zmqrl.run.rundir import read_json
 
 CONFIGS = ("cartpole_dqn.yaml", "cartpole_pomdp_r2d2.yaml", "pendulum_sac.yaml", "cartpole_iqn.yaml",
            "cartpole_appo.yaml")
@@ -54,15 +51,7 @@ def _run(c: Context, path: Path, tag: str, target: float, wrappers: list[str], s
             f"env.wrappers=[{', '.join(names)}]"]
     argv = zmqrl_argv("local", str(path), "--run-dir", str(run_dir), "--actors", "2",
                       *(a for s in sets for a in ("--set", s)))
-    with Procs(c.logs) as procs:
-        procs.sweep_args.append(str(run_dir))
-        start = time.monotonic()
-        proc = procs.start(f"rewards-{tag}-x{scale:g}-{seed}", argv)
-        code = wait_launcher(proc, cap_s + 60.0)
-        wall = time.monotonic() - start
-    summary = read_json(run_dir / "summary.json")
-    if summary is None:
-        raise proc.failure(f"zmqrl local exited with code {code} and no summary.json")
+    wall, summary = timed_launcher(c, f"rewards-{tag}-x{scale:g}-{seed}", argv, run_dir, cap_s + 60.0)
     factor = summary.get("reward_scale")
     return ScaledRun(scale, seed, wall, bool(summary.get("solved")), None if factor is None else float(factor))
 

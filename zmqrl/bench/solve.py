@@ -25,6 +25,7 @@ from zmqrl.bench.harness import (
     make_row,
     median,
     skipped_row,
+    timed_launcher,
     wait_launcher,
     zmqrl_argv,
 )
@@ -158,15 +159,7 @@ def _solve_once(c: Context, path: Path, tag: str, kind: str, seed: int, cap_s: f
     common = [str(path), "--run-dir", str(run_dir), "--set", f"run.seed={seed}",
               "--set", f"trainer.max_seconds={max(1.0, cap_s - 4):.0f}"]
     argv = zmqrl_argv("local", *common, "--actors", "2") if kind == "local" else zmqrl_argv("train", *common)
-    with Procs(c.logs) as procs:
-        procs.sweep_args.append(str(run_dir))
-        start = time.monotonic()
-        proc = procs.start(f"solve-{tag}-{kind}-{seed}", argv)
-        code = wait_launcher(proc, cap_s + 60.0)
-        wall = time.monotonic() - start
-    summary = read_json(run_dir / "summary.json")
-    if summary is None:
-        raise proc.failure(f"zmqrl {kind} exited with code {code} and no summary.json")
+    wall, summary = timed_launcher(c, f"solve-{tag}-{kind}-{seed}", argv, run_dir, cap_s + 60.0)
     return SolveRun(kind, seed, wall, summary.get("solved"), cap_s, largest_q(run_dir))
 
 
