@@ -487,7 +487,7 @@ class Learner(RoleProcess):
             ready, warm = self.agent_ready(), len(self.replay) >= tc.warmup
             if warm and self.rewards.settle_due and self.rewards.settle("learner: "):
                 self.rewards.level_priorities(self.replay)  # (no step pending: the first comes after warm-up)
-                self._ask()  # actors compute their priorities with the factor
+                # (the factor reaches actors, for their priorities, with the control _ask posts below)
             starving = not (warm and ready)
             throttled = self.limiter.throttled(self._steps_taken())
             self.limiter.update_pause(self._steps_taken(), warm,
