@@ -287,12 +287,58 @@ def test_the_agents_state_round_trips() -> None:
         np.testing.assert_array_equal(v, other.params()[k])
 
 
+# ------------------------------------------------------------------------------------ observation normalisation
+
+def test_normalisation_takes_each_batch_once_as_the_moments_of_its_real_steps_and_both_policies_apply_it() -> None:
+    cfg = appo("env.id=Pendulum-v1", "agent.unroll_length=8", "agent.normalize_observations=true",
+               "agent.obs_clip=3.0")
+    task = make_task(cfg)
+    agent = task.agent(seed=0)
+    first, second = acted_items(cfg, 8, seed=2), acted_items(cfg, 8, seed=3)
+    for items, start in ((first, 0), (second, 8)):  # as the FIFO hands them out: fresh indices per batch
+        items["indices"] = np.arange(start, start + 8)
+        items["obs"] = items["obs"] * np.float32(40.0) + np.float32(7.0)  # far from mean 0, std 1
+        items["mask"] = items["mask"].copy()
+        items["mask"][0, 4:] = 0.0  # a segment whose episode ended: its padding is not an observation
+    for _ in range(3):  # three epochs over the first batch, then the second
+        agent.update(first)
+    agent.update(second)
+    real = np.concatenate([b["obs"][:, :-1][b["mask"][:, :-1] > 0] for b in (first, second)]).astype(np.float64)
+    params = agent.params()
+    np.testing.assert_allclose(params["obs_mean"], real.mean(axis=0), rtol=1e-4)
+    np.testing.assert_allclose(params["obs_var"], real.var(axis=0), rtol=1e-3)
+
+    numpy_policy = task.policy(0, backend="numpy")
+    numpy_policy.load_params(params)
+    obs = real[:64].astype(np.float32)
+    obs[0] = 1e4  # clipped to agent.obs_clip before the torso, in both
+    np.testing.assert_allclose(numpy_policy.greedy(obs), agent.greedy(obs), atol=1e-5)
+    unnormalised = task.policy(0, backend="numpy")
+    plain = {**params, "obs_mean": np.zeros(3, np.float32), "obs_var": np.ones(3, np.float32)}
+    unnormalised.load_params(plain)
+    assert not np.allclose(unnormalised.greedy(obs), numpy_policy.greedy(obs), atol=1e-3)  # (the control)
+
+    other = task.agent(seed=4)  # the statistics go into checkpoints and come back
+    other.load_state_dict(agent.state_dict())
+    np.testing.assert_array_equal(other.params()["obs_var"], params["obs_var"])
+    off = make_task(appo("env.id=Pendulum-v1", "agent.unroll_length=8")).agent(seed=0)
+    with pytest.raises(ValueError, match="agent.normalize_observations"):
+        other.load_state_dict(off.state_dict())
+    with pytest.raises(ValueError, match="agent.normalize_observations"):
+        off.load_state_dict(agent.state_dict())
+
+
+def test_normalisation_is_refused_for_frames_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match="agent.normalize_observations"):
+        make_task(appo("env.id=zmqrl/Catch-v0", "agent.network=nature_cnn", "agent.normalize_observations=true"))
+
+
 # --------------------------------------------------------------------------------------------- the seam
 
 def test_the_algorithm_chooses_the_store_and_replay_algorithms_keep_theirs() -> None:
     cfg = appo()
     store = make_replay_from(cfg, make_task(cfg).batch_spec())
-    assert isinstance(store, SegmentQueue) and store.epochs == 20 and store.capacity == 16 and store.max_lag == 20
+    assert isinstance(store, SegmentQueue) and store.epochs == 10 and store.capacity == 16 and store.max_lag == 20
     dqn = config.load(REPO / "configs" / "cartpole_dqn.yaml", ["replay.prioritized=false"])
     assert isinstance(make_replay_from(dqn, make_task(dqn).batch_spec()), UniformReplay)
     assert make_task(cfg).replay_item == "segment"

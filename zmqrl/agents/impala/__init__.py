@@ -62,6 +62,9 @@ class Impala(Algorithm):
         if ac.lstm_size and ac.network != "mlp":
             raise ConfigError(f"agent.lstm_size: an LSTM follows agent.network: mlp only (got {ac.network}); set it "
                               "to 0")
+        if ac.normalize_observations and ac.network != "mlp":
+            raise ConfigError(f"agent.normalize_observations: for agent.network: mlp only (got {ac.network}, whose "
+                              "frames are scaled to [0, 1]); set it to false")
         if ac.ent_coef_end is not None and not (math.isfinite(ac.ent_coef_end) and ac.ent_coef_end >= 0):
             raise ConfigError(f"agent.ent_coef_end: must be a number >= 0 or null, got {ac.ent_coef_end}")
         if cfg.trainer.warmup > cfg.replay.capacity:

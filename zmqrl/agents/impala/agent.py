@@ -30,7 +30,7 @@ from torch import nn
 
 from zmqrl.agents.dqn.networks import NATURE_CNN_FEATURES, nature_cnn_torso
 from zmqrl.agents.impala.config import ImpalaConfig
-from zmqrl.agents.impala.numpy_policy import HALF_LOG_2PI, policy_param_shapes
+from zmqrl.agents.impala.numpy_policy import HALF_LOG_2PI, OBS_EPS, policy_param_shapes
 from zmqrl.agents.impala.segments import trained_steps
 from zmqrl.agents.impala.vtrace import vtrace
 from zmqrl.agents.r2d2.numpy_policy import NOT_FEED_FORWARD
@@ -72,6 +72,12 @@ class PolicyNet(nn.Module):
     def __init__(self, cfg: ImpalaConfig, obs_shape: tuple[int, ...], action_space: gym.spaces.Space) -> None:
         super().__init__()
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.normalizes = bool(cfg.normalize_observations)
+        self.obs_clip = float(cfg.obs_clip)
+        if self.normalizes:  # (first in the state_dict, as policy_param_shapes names them)
+            obs_dim = int(np.prod(obs_shape))
+            self.register_buffer("obs_mean", torch.zeros(obs_dim))
+            self.register_buffer("obs_var", torch.ones(obs_dim))
         self.torso, last = make_torso(cfg, obs_shape)
         if cfg.network == "nature_cnn":  # the initialisation of Baselines' and SB3's CNN policies
             orthogonal_init(self.torso, float(np.sqrt(2.0)))
@@ -93,6 +99,12 @@ class PolicyNet(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head_of(self.torso(obs))
+
+    def normalize(self, rows: torch.Tensor) -> torch.Tensor:
+        """Float observation rows to the running mean 0 and std 1, clipped to ``agent.obs_clip`` (the numpy
+        policy's arithmetic)."""
+        scale = torch.rsqrt(self.obs_var.clamp(min=0.0) + OBS_EPS)
+        return ((rows - self.obs_mean) * scale).clamp(-self.obs_clip, self.obs_clip)
 
     def unroll(self, obs: torch.Tensor, state_h: torch.Tensor, state_c: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -161,7 +173,10 @@ class ActorCriticPolicy:
     def _rows(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Observations as the torso takes them: float rows for the MLP, (N, C, H, W) frames scaled to [0, 1]."""
         x = torch.as_tensor(np.asarray(obs) if not isinstance(obs, torch.Tensor) else obs, device=self.device)
-        return x.float() / 255.0 if self.pixels else x.reshape(len(x), -1).float()
+        if self.pixels:
+            return x.float() / 255.0
+        rows = x.reshape(len(x), -1).float()
+        return self.policy.normalize(rows) if self.policy.normalizes else rows
 
     def log_probs(self, head: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log pi(action) and the entropy, per row, from the policy head's output."""
@@ -245,6 +260,8 @@ class ImpalaAgent(ActorCriticPolicy):
         self.opt_steps = 0
         self.rng = np.random.default_rng(seed)  # minibatches' shuffles
         self._both = _Both(self.policy, self.value)
+        self.obs_stats = RunningMoments(self.obs_dim) if cfg.normalize_observations else None
+        self._stats_indices: np.ndarray | None = None  # the batch the statistics last took in
 
     def _progress(self) -> float:
         """The share of ``trainer.max_opts`` done, for the schedules."""
@@ -264,6 +281,8 @@ class ImpalaAgent(ActorCriticPolicy):
         """One optimisation step on a batch of segments, a pass of ``agent.minibatches`` gradient steps over
         it (its segments shuffled and split, as PPO's minibatches); returns the metrics (their means over the
         gradient steps; no priorities). The schedules move once per optimisation step."""
+        if self.obs_stats is not None:
+            self._observe_obs(batch)
         parts = min(self.cfg.minibatches, len(batch["mask"]))
         if parts <= 1:
             metrics = self._gradient_step(batch)
@@ -276,6 +295,22 @@ class ImpalaAgent(ActorCriticPolicy):
             metrics["skipped"] = float(max(m["skipped"] for m in steps))
         self.opt_steps += 1
         return metrics, None
+
+    def _observe_obs(self, batch: Mapping[str, np.ndarray]) -> None:
+        """Take a new batch's observations into the running moments once (a batch comes ``agent.epochs``
+        times, the same ``indices`` each pass) and set the policy's normalisation from them: every real step
+        but each segment's last (the next segment's first)."""
+        assert self.obs_stats is not None
+        indices = np.asarray(batch["indices"]) if "indices" in batch else None
+        if indices is not None and self._stats_indices is not None and np.array_equal(indices, self._stats_indices):
+            return
+        self._stats_indices = indices
+        obs = np.asarray(batch["obs"])
+        real = np.asarray(batch["mask"])[:, :-1] > 0
+        self.obs_stats.add(obs[:, :-1][real].reshape(-1, self.obs_dim))
+        with torch.no_grad():
+            self.policy.obs_mean.copy_(torch.as_tensor(self.obs_stats.mean, dtype=torch.float32))
+            self.policy.obs_var.copy_(torch.as_tensor(self.obs_stats.var, dtype=torch.float32))
 
     def _gradient_step(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
         """One gradient step on segments (module docstring)."""
@@ -355,9 +390,13 @@ class ImpalaAgent(ActorCriticPolicy):
         # (not "policy": every checkpoint keeps the published parameters under that key, checkpoint.POLICY_KEY)
         return {"policy_net": self.policy.state_dict(), "value_net": self.value.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
-                "generator": self.generator.get_state(), "rng": self.rng.bit_generator.state}
+                "generator": self.generator.get_state(), "rng": self.rng.bit_generator.state,
+                **({"obs_stats": self.obs_stats.state_dict()} if self.obs_stats is not None else {})}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if (self.obs_stats is not None) != ("obs_stats" in state):
+            raise ValueError(f"agent.normalize_observations is {self.obs_stats is not None} here but the state was "
+                             "saved with it the other way: resume with the setting it was made with")
         self.policy.load_state_dict(state["policy_net"])
         self.value.load_state_dict(state["value_net"])
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
@@ -365,6 +404,40 @@ class ImpalaAgent(ActorCriticPolicy):
         self.generator.set_state(state["generator"].cpu())
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
+        if self.obs_stats is not None:
+            self.obs_stats.load_state_dict(state["obs_stats"])
+
+
+class RunningMoments:
+    """The running mean and variance of observation rows (Chan et al.'s parallel update, float64), starting
+    from mean 0, variance 1 and a count of 1e-4 as SB3's ``RunningMeanStd``."""
+
+    def __init__(self, dim: int) -> None:
+        self.mean, self.var, self.count = np.zeros(dim), np.ones(dim), 1e-4
+
+    def add(self, rows: np.ndarray) -> None:
+        if not len(rows):
+            return
+        rows = np.asarray(rows, np.float64)
+        n, mean, var = len(rows), rows.mean(axis=0), rows.var(axis=0)
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * n / total
+        self.var = (self.var * self.count + var * n + delta * delta * self.count * n / total) / total
+        self.count = total
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        mean, var = np.array(state["mean"], np.float64), np.array(state["var"], np.float64)
+        count = float(state["count"])
+        if mean.shape != self.mean.shape or var.shape != self.mean.shape:
+            raise ValueError(f"observation statistics of shapes {mean.shape} and {var.shape}; this agent's "
+                             f"observations have {self.mean.shape}")
+        if not (np.isfinite(mean).all() and np.isfinite(var).all() and (var >= 0).all() and count > 0):
+            raise ValueError("observation statistics that are not finite, or a negative variance or count")
+        self.mean, self.var, self.count = mean, var, count
 
 
 class _Both(nn.Module):

@@ -48,12 +48,14 @@ class ImpalaConfig(AgentConfig):
     max_grad_norm: float = 40.0  # gradient clipping by global norm; 0 disables (IMPALA: 40)
     log_std_init: float = 0.0  # Box actions: the Gaussian's state-independent log-std at the start
     log_std_min: float = -5.0  # Box actions: lower clamp of the log-std (bounds a log-density from above)
+    normalize_observations: bool = False  # observations to running mean 0, std 1 before the torsos (mlp only)
+    obs_clip: float = 10.0  # normalised observations clipped to +-this (SB3's VecNormalize: 10)
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"network": ("mlp", "nature_cnn"), "activation": ("tanh", "relu"),
                                                      "lr_schedule": ("constant", "linear"),
                                                      "optimizer": ("rmsprop", "adam")}
     POSITIVE: ClassVar[tuple[str, ...]] = ("unroll_length", "epochs", "minibatches", "rho_bar", "c_bar", "lr",
-                                           "adam_eps", "rmsprop_eps")
+                                           "adam_eps", "rmsprop_eps", "obs_clip")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("trace_lambda", "rmsprop_alpha")
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("clip_ratio", "vf_coef", "ent_coef", "max_grad_norm", "lstm_size")
 

@@ -10,6 +10,11 @@ the policy's own entropy. The learner computes the same arithmetic on the same a
 weights compare like with like. The value network lives on the learner alone. Parameters keep the torch modules' names
 and shapes (:func:`policy_param_shapes`), so the learner publishes the same arrays to either backend.
 
+With ``agent.normalize_observations`` (SB3's VecNormalize of observations, Sample Factory's normalised input)
+the published parameters hold the running ``obs_mean`` and ``obs_var`` the learner keeps over the segments it
+trains on; every backend maps an observation to ``clip((x - mean) / sqrt(var + 1e-8), +-agent.obs_clip)``
+before the torso, so actors, the evaluator and the learner see the same inputs from one version.
+
 Actions are drawn from the policy in every actor (no ε): an on-policy algorithm explores by the
 entropy of its own policy. Each :meth:`NumpyActorCriticPolicy.act` call keeps the log-probability of
 every action it drew (:class:`~zmqrl.core.RecordsLogProbs`), which the actor sends with the segment.
@@ -32,12 +37,17 @@ from zmqrl.agents.numpy_mlp import Layer, as_rows, check_params, linear, linear_
 from zmqrl.agents.r2d2.numpy_policy import FORGET_BIAS, NOT_FEED_FORWARD
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+OBS_EPS = 1e-8  # added to the observations' running variance before its square root (SB3's VecNormalize)
 LOGP_MIN = -1000.0  # no honest policy draws an action whose log-probability is below this (its chance: e^-1000)
 
 
 def policy_param_shapes(cfg: ImpalaConfig, obs_dim: int, action_space: gym.spaces.Space) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of :class:`~zmqrl.agents.impala.networks.PolicyNet`'s parameters."""
-    shapes = linear_stack_shapes("torso", obs_dim, cfg.hidden)
+    """Names and shapes of :class:`~zmqrl.agents.impala.agent.PolicyNet`'s parameters (its ``state_dict``):
+    with ``agent.normalize_observations`` the running ``obs_mean`` and ``obs_var`` the learner keeps first."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    if cfg.normalize_observations:
+        shapes.update({"obs_mean": (obs_dim,), "obs_var": (obs_dim,)})
+    shapes.update(linear_stack_shapes("torso", obs_dim, cfg.hidden))
     last = cfg.hidden[-1] if cfg.hidden else obs_dim
     if cfg.lstm_size:
         size = cfg.lstm_size
@@ -79,6 +89,8 @@ def initial_policy_params(cfg: ImpalaConfig, obs_dim: int, action_space: gym.spa
             params[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
             if name == "lstm.bias_ih_l0":
                 params[name][cfg.lstm_size:2 * cfg.lstm_size] += np.float32(FORGET_BIAS)
+        elif name in ("obs_mean", "obs_var"):  # no observation seen yet: normalisation starts as the identity
+            params[name] = np.full(shape, 0.0 if name == "obs_mean" else 1.0, dtype=np.float32)
         elif name == "log_std":
             params[name] = np.full(shape, cfg.log_std_init, dtype=np.float32)
         elif name.endswith(".bias"):
@@ -134,9 +146,16 @@ class NumpyActorCriticPolicy:
         self.head = linear(params, "logits" if self.discrete else "mean")
         if not self.discrete:
             self.log_std = np.maximum(np.asarray(params["log_std"], dtype=np.float32), np.float32(self.cfg.log_std_min))
+        self.obs_norm: tuple[np.ndarray, np.ndarray] | None = None
+        if self.cfg.normalize_observations:
+            self.obs_norm = (np.array(params["obs_mean"], dtype=np.float32),
+                             obs_scale(np.asarray(params["obs_var"], dtype=np.float32)))
 
     def _torso(self, obs: np.ndarray) -> np.ndarray:
         x = as_rows(obs)
+        if self.obs_norm is not None:
+            clip = np.float32(self.cfg.obs_clip)
+            x = np.clip((x - self.obs_norm[0]) * self.obs_norm[1], -clip, clip)
         for w, b in self.torso:
             x = x @ w
             x += b
@@ -237,6 +256,11 @@ class NumpyRecurrentActorCritic(NumpyActorCriticPolicy):
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         raise TypeError(NOT_FEED_FORWARD.replace("R2D2's", "This"))
+
+
+def obs_scale(var: np.ndarray) -> np.ndarray:
+    """1 / sqrt(var + OBS_EPS): what a normalised observation's offset from the mean is multiplied by."""
+    return (1.0 / np.sqrt(np.maximum(var, 0.0) + OBS_EPS)).astype(np.float32)  # type: ignore[no-any-return]
 
 
 def gaussian_logp(action: np.ndarray, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
