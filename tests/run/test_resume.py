@@ -40,10 +40,11 @@ ALGOS = {  # config file and overrides that keep each run to seconds
     # a recurrent policy: its states per env and the sequence adder's pending steps are saved too
     "r2d2": ("cartpole_pomdp_r2d2.yaml",
              ["env.max_episode_steps=200", "agent.batch_size=16", "trainer.opt_interval=2"]),
-    # on-policy: segments with their behaviour log-probabilities, the FIFO with the batch in training (the
-    # learning rate constant: a linear one runs to trainer.max_opts, which the resumed run changes)
+    # on-policy: segments with their behaviour log-probabilities, the FIFO with the batch in training, the
+    # observation statistics and the batch they last took in (the learning rate constant: a linear one runs
+    # to trainer.max_opts, which the resumed run changes)
     "appo": ("cartpole_appo.yaml", ["env.max_episode_steps=200", "trainer.warmup=8", "agent.epochs=4",
-                                    "agent.lr_schedule=constant"]),
+                                    "agent.lr_schedule=constant", "agent.normalize_observations=true"]),
 }
 
 

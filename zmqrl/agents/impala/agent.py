@@ -391,7 +391,9 @@ class ImpalaAgent(ActorCriticPolicy):
         return {"policy_net": self.policy.state_dict(), "value_net": self.value.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
                 "generator": self.generator.get_state(), "rng": self.rng.bit_generator.state,
-                **({"obs_stats": self.obs_stats.state_dict()} if self.obs_stats is not None else {})}
+                **({"obs_stats": {**self.obs_stats.state_dict(), "batch": None if self._stats_indices is None
+                                  else self._stats_indices.tolist()}}
+                   if self.obs_stats is not None else {})}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if (self.obs_stats is not None) != ("obs_stats" in state):
@@ -404,8 +406,10 @@ class ImpalaAgent(ActorCriticPolicy):
         self.generator.set_state(state["generator"].cpu())
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
-        if self.obs_stats is not None:
+        if self.obs_stats is not None:  # (and the batch they last took in: a resumed pass over it adds nothing)
             self.obs_stats.load_state_dict(state["obs_stats"])
+            batch = state["obs_stats"].get("batch")
+            self._stats_indices = None if batch is None else np.asarray(batch, np.int64)
 
 
 class RunningMoments:
@@ -427,10 +431,12 @@ class RunningMoments:
         self.count = total
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+        # (tensors, not arrays: checkpoints load with torch's weights-only unpickler)
+        return {"mean": torch.from_numpy(self.mean.copy()), "var": torch.from_numpy(self.var.copy()),
+                "count": self.count}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        mean, var = np.array(state["mean"], np.float64), np.array(state["var"], np.float64)
+        mean, var = (np.array(torch.as_tensor(state[key]).cpu().numpy(), np.float64) for key in ("mean", "var"))
         count = float(state["count"])
         if mean.shape != self.mean.shape or var.shape != self.mean.shape:
             raise ValueError(f"observation statistics of shapes {mean.shape} and {var.shape}; this agent's "
