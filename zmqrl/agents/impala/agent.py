@@ -69,6 +69,9 @@ def orthogonal_init(module: nn.Module, gain: float) -> None:
 class PolicyNet(nn.Module):
     """The policy: a torso and a categorical (``logits``) or Gaussian (``mean``, ``log_std``) head."""
 
+    obs_mean: torch.Tensor  # (buffers, with agent.normalize_observations: the running statistics)
+    obs_var: torch.Tensor
+
     def __init__(self, cfg: ImpalaConfig, obs_shape: tuple[int, ...], action_space: gym.spaces.Space) -> None:
         super().__init__()
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
