@@ -109,7 +109,9 @@ def test_first_batch_lands_in_replay_before_the_agent_is_built(tmp_path: Path, c
     runner = threading.Thread(target=run_then_probe, daemon=True)
     runner.start()
     try:
-        assert sub.poll(10_000), "no model version 0 while the agent was still being built"
+        # (a bound well inside the build's 60 s hold: alone this takes ~1 s, but under a loaded suite the
+        # learner's threads can take over 10 s to start publishing)
+        assert sub.poll(45_000), "no model version 0 while the agent was still being built"
         model = decode(sub.recv_multipart(), Limits.only([MODEL]))
         expected = make_task(cfg).initial_params()
         assert model.version == 0 and expected is not None and set(model.arrays) == set(expected)
@@ -158,7 +160,7 @@ def test_control_carries_the_start_up_quota_while_torch_loads_and_an_allowance_o
     runner = threading.Thread(target=learner.run, args=(stop,), daemon=True)
     runner.start()
     try:
-        assert control.poll(10_000), "no control while the agent was still being built"
+        assert control.poll(45_000), "no control while the agent was still being built"  # (as above)
         loading = decode(control.recv_multipart(), Limits.only([CONTROL]))
         assert loading.meta.get("quota") == 64 and "allow" not in loading.meta, loading.meta
         push.send_multipart(batch_frames("actor-0", 0, cartpole_batch(64, 0)))
