@@ -225,13 +225,32 @@ def test_a_learner_restart_is_seen_through_a_relay(
     finally:
         first.close()
     # the roles' link to their relay stays up: the learner's silence tells them it is out of reach
-    wait_for(lambda: all(r.poll() >= 0 and r.stream.down for r in roles), SILENT_S + 10, "the roles to see it gone")
+    wait_for(lambda: all(r.poll() >= 0 and r.stream.down for r in roles), SILENT_S + 30, "the roles to see it gone")
     second = rig(Learner, cfg, model, snap)  # restarted without --resume: a new version line
     second.publish(0)
     all_hold(roles, 0, incarnation=second.incarnation)
     assert not any(r.stream.down for r in roles)
     wait_for(lambda: all(r.poll() == 0 and r.stream._applied[0] == second.incarnation for r in roles), 10,
              "control of the new line")
+
+
+def test_a_learner_gone_before_its_first_control_is_seen_gone_through_a_relay(
+        rig: Callable[..., Any], cartpole_cfg: Callable[..., Config]) -> None:
+    """A learner that sent a model and stopped before its control went out: the roles hold the model and
+    heard no control at all, and its silence still tells them it is out of reach (the clock starts at
+    the model)."""
+    cfg = cartpole_cfg("run.log_level=warning")
+    model, snap = tcp(), tcp()
+    first = Learner(cfg, model, snap)
+    host = rig(Host, cfg, (model, snap), (tcp(), tcp()))
+    roles = [rig(Role, cfg, f"actor-{i}", *host.proxy.relay_addrs.values()) for i in range(2)]
+    try:
+        first.publisher.post_model(4, first.frame(4))  # (no control posted: none goes out)
+        all_hold(roles, 4, incarnation=first.incarnation)
+        assert not any(r.controls for r in roles)
+    finally:
+        first.close()
+    wait_for(lambda: all(r.poll() >= 0 and r.stream.down for r in roles), SILENT_S + 30, "the roles to see it gone")
 
 
 def test_a_restarted_learner_stopped_before_its_first_model_still_ends_the_run_through_a_relay(

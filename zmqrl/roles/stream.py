@@ -99,15 +99,16 @@ class LearnerStream:
         self._snap_models: list[tuple[Message, Any]] = []
         self._snap_controls: list[tuple[Message, Any]] = []
         self._snap_seq = 0
-        self._heard_at: float | None = None  # when control last came (any, repeats included)
+        self._heard_at: float | None = None  # when control last came (any, repeats included), or the first model
         if self.model_sub is not None:
             self.ask()
 
     @property
     def down(self) -> bool:
         """Whether the learner is out of reach: the link to the stream is down, or no control came for
-        :data:`SILENT_S` after some had (the learner sends it every second; through a relay whose own
-        link to the learner is down, the host's link stays up and only the silence tells)."""
+        :data:`SILENT_S` after some had, or after the first model (the learner sends control every second;
+        through a relay whose own link to the learner is down, the host's link stays up and only the silence
+        tells; a learner stopped between its first model and its first control is silent from that model)."""
         if self.control_link.down:
             return True
         return self._heard_at is not None and time.monotonic() - self._heard_at > SILENT_S
@@ -246,6 +247,8 @@ class LearnerStream:
             latest = heard
         if latest is None:
             return None, bad + bad_sub
+        if self._heard_at is None:  # a model and no control yet: the silence counts from here
+            self._heard_at = time.monotonic()
         self.model_frame = latest[1]
         return latest[0], bad + bad_sub
 
