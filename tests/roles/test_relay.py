@@ -211,21 +211,31 @@ def test_a_relay_restart_its_roles_keep_their_model_and_catch_up(
     assert again.relay.models >= 2 and learner.stats()["models_published"] == 3
 
 
+def roles_behind_a_relay(rig: Callable[..., Any], cfg: Config, model: str, snap: str,
+                         count: int) -> tuple[Learner, list[Role]]:
+    """A learner the test closes itself (not rigged) and ``count`` roles behind one host's relay."""
+    first = Learner(cfg, model, snap)
+    host = rig(Host, cfg, (model, snap), (tcp(), tcp()))
+    return first, [rig(Role, cfg, f"actor-{i}", *host.proxy.relay_addrs.values()) for i in range(count)]
+
+
+def wait_all_down(roles: list[Role]) -> None:
+    """Until every role sees the learner out of reach: the link to its relay stays up, the silence tells."""
+    wait_for(lambda: all(r.poll() >= 0 and r.stream.down for r in roles), SILENT_S + 30, "the roles to see it gone")
+
+
 def test_a_learner_restart_is_seen_through_a_relay(
         rig: Callable[..., Any], cartpole_cfg: Callable[..., Config]) -> None:
     cfg = cartpole_cfg("run.log_level=warning")
     model, snap = tcp(), tcp()
-    first = Learner(cfg, model, snap)
-    host = rig(Host, cfg, (model, snap), (tcp(), tcp()))
-    roles = [rig(Role, cfg, f"actor-{i}", *host.proxy.relay_addrs.values()) for i in range(3)]
+    first, roles = roles_behind_a_relay(rig, cfg, model, snap, 3)
     try:
         first.publish(5)
         all_hold(roles, 5, incarnation=first.incarnation)
         assert not any(r.stream.down for r in roles)
     finally:
         first.close()
-    # the roles' link to their relay stays up: the learner's silence tells them it is out of reach
-    wait_for(lambda: all(r.poll() >= 0 and r.stream.down for r in roles), SILENT_S + 30, "the roles to see it gone")
+    wait_all_down(roles)
     second = rig(Learner, cfg, model, snap)  # restarted without --resume: a new version line
     second.publish(0)
     all_hold(roles, 0, incarnation=second.incarnation)
@@ -241,16 +251,14 @@ def test_a_learner_gone_before_its_first_control_is_seen_gone_through_a_relay(
     the model)."""
     cfg = cartpole_cfg("run.log_level=warning")
     model, snap = tcp(), tcp()
-    first = Learner(cfg, model, snap)
-    host = rig(Host, cfg, (model, snap), (tcp(), tcp()))
-    roles = [rig(Role, cfg, f"actor-{i}", *host.proxy.relay_addrs.values()) for i in range(2)]
+    first, roles = roles_behind_a_relay(rig, cfg, model, snap, 2)
     try:
         first.publisher.post_model(4, first.frame(4))  # (no control posted: none goes out)
         all_hold(roles, 4, incarnation=first.incarnation)
         assert not any(r.controls for r in roles)
     finally:
         first.close()
-    wait_for(lambda: all(r.poll() >= 0 and r.stream.down for r in roles), SILENT_S + 30, "the roles to see it gone")
+    wait_all_down(roles)
 
 
 def test_a_restarted_learner_stopped_before_its_first_model_still_ends_the_run_through_a_relay(
