@@ -146,16 +146,17 @@ class NumpyActorCriticPolicy:
         self.head = linear(params, "logits" if self.discrete else "mean")
         if not self.discrete:
             self.log_std = np.maximum(np.asarray(params["log_std"], dtype=np.float32), np.float32(self.cfg.log_std_min))
-        self.obs_norm: tuple[np.ndarray, np.ndarray] | None = None
+        self.obs_norm: tuple[np.ndarray, np.ndarray, np.float32] | None = None  # mean, 1/std, clip
         if self.cfg.normalize_observations:
             self.obs_norm = (np.array(params["obs_mean"], dtype=np.float32),
-                             obs_scale(np.asarray(params["obs_var"], dtype=np.float32)))
+                             obs_scale(np.asarray(params["obs_var"], dtype=np.float32)),
+                             np.float32(self.cfg.obs_clip))
 
     def _torso(self, obs: np.ndarray) -> np.ndarray:
         x = as_rows(obs)
         if self.obs_norm is not None:
-            clip = np.float32(self.cfg.obs_clip)
-            x = np.clip((x - self.obs_norm[0]) * self.obs_norm[1], -clip, clip)
+            mean, scale, clip = self.obs_norm
+            x = np.clip((x - mean) * scale, -clip, clip)
         for w, b in self.torso:
             x = x @ w
             x += b
