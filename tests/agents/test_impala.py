@@ -328,6 +328,21 @@ def test_normalisation_takes_each_batch_once_as_the_moments_of_its_real_steps_an
         off.load_state_dict(agent.state_dict())
 
 
+def test_observations_too_large_for_float32_moments_leave_the_statistics_as_they_were() -> None:
+    cfg = appo("env.id=Pendulum-v1", "agent.unroll_length=8", "agent.normalize_observations=true")
+    agent = make_task(cfg).agent(seed=0)
+    honest, absurd = acted_items(cfg, 8, seed=2), acted_items(cfg, 8, seed=3)
+    honest["indices"], absurd["indices"] = np.arange(8), np.arange(8, 16)
+    absurd["obs"] = absurd["obs"].copy()
+    absurd["obs"][0, 0, 0] = np.float32(3e38)  # finite (the intake takes it), its square is not in float32
+    agent.update(honest)
+    before = {k: agent.params()[k].copy() for k in ("obs_mean", "obs_var")}
+    agent.update(absurd)
+    for key, value in before.items():
+        np.testing.assert_array_equal(agent.params()[key], value)
+    assert np.isfinite(agent.params()["obs_var"]).all()
+
+
 def test_normalisation_is_refused_for_frames_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="agent.normalize_observations"):
         make_task(appo("env.id=zmqrl/Catch-v0", "agent.network=nature_cnn", "agent.normalize_observations=true"))

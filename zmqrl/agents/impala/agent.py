@@ -391,12 +391,13 @@ class ImpalaAgent(ActorCriticPolicy):
 
     def state_dict(self) -> dict[str, Any]:
         # (not "policy": every checkpoint keeps the published parameters under that key, checkpoint.POLICY_KEY)
-        return {"policy_net": self.policy.state_dict(), "value_net": self.value.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
-                "generator": self.generator.get_state(), "rng": self.rng.bit_generator.state,
-                **({"obs_stats": {**self.obs_stats.state_dict(), "batch": None if self._stats_indices is None
-                                  else self._stats_indices.tolist()}}
-                   if self.obs_stats is not None else {})}
+        state = {"policy_net": self.policy.state_dict(), "value_net": self.value.state_dict(),
+                 "optimizer": self.optimizer.state_dict(), "opt_steps": self.opt_steps,
+                 "generator": self.generator.get_state(), "rng": self.rng.bit_generator.state}
+        if self.obs_stats is not None:
+            batch = None if self._stats_indices is None else self._stats_indices.tolist()
+            state["obs_stats"] = {**self.obs_stats.state_dict(), "batch": batch}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if (self.obs_stats is not None) != ("obs_stats" in state):
@@ -415,6 +416,9 @@ class ImpalaAgent(ActorCriticPolicy):
             self._stats_indices = None if batch is None else np.asarray(batch, np.int64)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 class RunningMoments:
     """The running mean and variance of observation rows (Chan et al.'s parallel update, float64), starting
     from mean 0, variance 1 and a count of 1e-4 as SB3's ``RunningMeanStd``."""
@@ -422,16 +426,22 @@ class RunningMoments:
     def __init__(self, dim: int) -> None:
         self.mean, self.var, self.count = np.zeros(dim), np.ones(dim), 1e-4
 
-    def add(self, rows: np.ndarray) -> None:
+    def add(self, rows: np.ndarray) -> bool:
+        """Take ``rows`` in; False, and nothing taken, where the moments would leave float32's range (the
+        policy holds them in float32: finite observations of absurd size, which the intake's checks of form
+        let through, would otherwise publish an infinite variance for good)."""
         if not len(rows):
-            return
+            return True
         rows = np.asarray(rows, np.float64)
         n, mean, var = len(rows), rows.mean(axis=0), rows.var(axis=0)
         total = self.count + n
         delta = mean - self.mean
-        self.mean = self.mean + delta * n / total
-        self.var = (self.var * self.count + var * n + delta * delta * self.count * n / total) / total
-        self.count = total
+        new_mean = self.mean + delta * n / total
+        new_var = (self.var * self.count + var * n + delta * delta * self.count * n / total) / total
+        if not (np.abs(new_mean).max() < FLOAT32_MAX and new_var.max() < FLOAT32_MAX):
+            return False
+        self.mean, self.var, self.count = new_mean, new_var, total
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         # (tensors, not arrays: checkpoints load with torch's weights-only unpickler)
